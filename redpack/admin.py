@@ -1,0 +1,107 @@
+from django import forms
+from django.conf import settings
+from django.contrib import admin
+from django.http import HttpRequest
+
+from strategies import registry
+
+from . import services
+from .allocation import Allocation
+from .errors import RedpackError
+from .models import Activity, GrabDetail
+
+
+class ActivitySendForm(forms.ModelForm):
+    """Creation goes through services.activity_send, like the API, so packets get prepared."""
+
+    expires_in = forms.IntegerField(initial=86400, help_text="Seconds until the activity expires.")
+
+    class Meta:
+        model = Activity
+        fields = ["total_amount", "total_count", "strategy", "allocation"]
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["strategy"] = forms.ChoiceField(
+            choices=[(n, f"{n} — {registry.get(n).label}") for n in registry.names()
+                     if registry.allowed(n)]
+        )
+        self.fields["allocation"] = forms.ChoiceField(
+            choices=[(a.value, a.value) for a in Allocation], initial=Allocation.DOUBLE_AVERAGE
+        )
+        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
+        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
+        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+
+    def clean(self) -> dict:
+        data = super().clean() or {}
+        if not self.errors:
+            try:
+                services.activity_send_validate(
+                    total_amount=data["total_amount"],
+                    total_count=data["total_count"],
+                    strategy=data["strategy"],
+                    allocation_kind=data["allocation"],
+                    expires_in=data["expires_in"],
+                )
+            except RedpackError as exc:
+                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+
+class GrabDetailInline(admin.TabularInline):
+    model = GrabDetail
+    fields = ["user", "amount", "redpack", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Activity)
+class ActivityAdmin(admin.ModelAdmin):
+    list_display = ["id", "sender", "strategy", "allocation", "status", "progress",
+                    "surplus_amount", "total_amount", "expires_at"]
+    list_filter = ["strategy", "status", "allocation"]
+    search_fields = ["id", "sender__username"]
+    inlines = [GrabDetailInline]
+    readonly_fields = ["sender", "total_amount", "surplus_amount", "total_count", "surplus_count",
+                       "strategy", "allocation", "status", "version", "created_at", "expires_at"]
+
+    @admin.display(description="grabbed / total")
+    def progress(self, activity: Activity) -> str:
+        return f"{activity.total_count - activity.surplus_count} / {activity.total_count}"
+
+    def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
+        if obj is None:
+            kwargs["form"] = ActivitySendForm
+            kwargs["fields"] = ["total_amount", "total_count", "strategy", "allocation",
+                                "expires_in"]
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return self.readonly_fields if obj is not None else []
+
+    def get_inlines(self, request, obj):  # type: ignore[no-untyped-def]
+        return self.inlines if obj is not None else []
+
+    def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
+        if change:
+            return  # activities are immutable once sent; state changes only through grabs
+        data = form.cleaned_data
+        created = services.activity_send(
+            sender_id=request.user.pk,
+            total_amount=data["total_amount"],
+            total_count=data["total_count"],
+            strategy=data["strategy"],
+            allocation_kind=data["allocation"],
+            expires_in=data["expires_in"],
+        )
+        obj.pk = created.pk
+        obj.refresh_from_db()
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,37 @@
+"""One JSON error shape for every 4xx:
+
+    {"error": {"code": "...", "message": "...", "fields": {"<field>": ["..."]}}}
+"""
+
+from typing import Any
+
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from redpack.errors import RedpackError
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RedpackError):
+        fields = {exc.field: [exc.message]} if exc.field else {}
+        return Response(error_body(exc.code, exc.message, fields), status=exc.status)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        response.data = error_body("invalid", "the request is not valid", detail)
+    elif isinstance(exc, exceptions.APIException):
+        message = str(exc.detail) if not isinstance(exc.detail, dict | list) else exc.default_detail
+        response.data = error_body(exc.default_code, str(message))
+    elif isinstance(exc, Http404):
+        response.data = error_body("not_found", "not found")
+    if response.status_code == status.HTTP_404_NOT_FOUND:
+        response.data["error"]["code"] = "not_found"
+    return response

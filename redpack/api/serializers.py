@@ -1,0 +1,89 @@
+from decimal import Decimal
+
+from django.conf import settings
+from rest_framework import serializers
+
+from redpack.allocation import Allocation
+from redpack.models import Activity, GrabDetail
+from strategies import registry
+from strategies.base import Outcome
+
+
+class ActivityCreateSerializer(serializers.Serializer):
+    total_amount = serializers.DecimalField(
+        max_digits=12, decimal_places=2, min_value=Decimal("0.01"),
+        help_text="Decimal string, at most two decimals.",
+    )
+    total_count = serializers.IntegerField(min_value=1)
+    strategy = serializers.ChoiceField(choices=[])
+    allocation = serializers.ChoiceField(
+        choices=[a.value for a in Allocation], default=Allocation.DOUBLE_AVERAGE.value
+    )
+    expires_in = serializers.IntegerField(default=86400, help_text="Seconds until expiry.")
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["strategy"].choices = [n for n in registry.names() if registry.allowed(n)]
+        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
+        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
+        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+
+
+class ActivitySerializer(serializers.ModelSerializer):
+    remaining_amount = serializers.DecimalField(
+        source="surplus_amount", max_digits=12, decimal_places=2
+    )
+    remaining_count = serializers.IntegerField(source="surplus_count")
+    grabbed_count = serializers.SerializerMethodField()
+    refunded_amount = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Activity
+        fields = [
+            "id", "sender", "total_amount", "total_count", "remaining_amount", "remaining_count",
+            "grabbed_count", "refunded_amount", "strategy", "allocation", "status",
+            "created_at", "expires_at",
+        ]
+        read_only_fields = fields
+
+    def get_grabbed_count(self, activity: Activity) -> int:
+        refunded = activity.refund.count if hasattr(activity, "refund") else 0
+        return activity.total_count - activity.surplus_count - refunded
+
+    def get_refunded_amount(self, activity: Activity) -> Decimal | None:
+        return activity.refund.amount if hasattr(activity, "refund") else None
+
+
+class GrabResultSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=[o.value for o in Outcome])
+    amount = serializers.DecimalField(
+        max_digits=12, decimal_places=2, allow_null=True, required=False,
+        help_text="Set for grabbed and already_grabbed.",
+    )
+
+
+class GrabDetailSerializer(serializers.ModelSerializer):
+    activity = serializers.IntegerField(source="activity_id")
+
+    class Meta:
+        model = GrabDetail
+        fields = ["activity", "amount", "created_at"]
+        read_only_fields = fields
+
+
+class StrategySerializer(serializers.Serializer):
+    name = serializers.CharField()
+    label = serializers.CharField()
+    tradeoff = serializers.CharField()
+    safe = serializers.BooleanField()
+    allowed = serializers.BooleanField()
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()

@@ -1,0 +1,17 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
+
+from . import views
+
+urlpatterns = [
+    path("activities/", views.ActivityCreateView.as_view(), name="activity-create"),
+    path("activities/<int:pk>/", views.ActivityDetailView.as_view(), name="activity-detail"),
+    path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),
+    path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
+    path("strategies/", views.StrategyListView.as_view(), name="strategies"),
+    path("token/", TokenObtainPairView.as_view(), name="token-obtain"),
+    path("token/refresh/", TokenRefreshView.as_view(), name="token-refresh"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+]

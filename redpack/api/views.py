@@ -1,0 +1,129 @@
+"""Thin views: validate with a serializer, call one service, render."""
+
+from django.db import connection
+from django.http import JsonResponse
+from django_redis import get_redis_connection
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
+
+from redpack import services
+from redpack.money import from_cents
+from strategies import registry
+from strategies.base import Outcome
+
+from .serializers import (
+    ActivityCreateSerializer,
+    ActivitySerializer,
+    ErrorSerializer,
+    GrabDetailSerializer,
+    GrabResultSerializer,
+    StrategySerializer,
+)
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, "Invalid input; `fields` names each bad field."),
+    401: OpenApiResponse(ErrorSerializer, "Missing, expired or forged credentials."),
+    404: OpenApiResponse(ErrorSerializer, "No such activity."),
+}
+
+
+class ActivityCreateView(APIView):
+    @extend_schema(
+        request=ActivityCreateSerializer,
+        responses={201: ActivitySerializer, 400: ERRORS[400], 401: ERRORS[401]},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ActivityCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        activity = services.activity_send(
+            sender_id=request.user.pk,
+            total_amount=data["total_amount"],
+            total_count=data["total_count"],
+            strategy=data["strategy"],
+            allocation_kind=data["allocation"],
+            expires_in=data["expires_in"],
+        )
+        return Response(ActivitySerializer(activity).data, status=status.HTTP_201_CREATED)
+
+
+class ActivityDetailView(APIView):
+    @extend_schema(responses={200: ActivitySerializer, 401: ERRORS[401], 404: ERRORS[404]})
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(ActivitySerializer(services.activity_get(activity_id=pk)).data)
+
+
+class GrabView(APIView):
+    """Stateless token authentication: a grab needs no database round trip to know the user."""
+
+    authentication_classes = [JWTStatelessUserAuthentication]
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: OpenApiResponse(
+                GrabResultSerializer,
+                "An answer: grabbed, already_grabbed (with the amount), sold_out or closed.",
+            ),
+            409: OpenApiResponse(
+                GrabResultSerializer, "contended: nothing this time, packets may remain; retry."
+            ),
+            401: ERRORS[401],
+            404: ERRORS[404],
+        },
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        result = services.grab(activity_id=pk, user_id=int(request.user.pk))
+        body = {"outcome": result.outcome.value}
+        if result.amount_cents is not None:
+            body["amount"] = str(from_cents(result.amount_cents))
+        code = status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        return Response(body, status=code)
+
+
+class MyGrabsView(generics.ListAPIView):
+    serializer_class = GrabDetailSerializer
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return services.user_grabs(user_id=self.request.user.pk)
+
+
+class StrategyListView(APIView):
+    @extend_schema(responses={200: StrategySerializer(many=True), 401: ERRORS[401]})
+    def get(self, request: Request) -> Response:
+        rows = []
+        for name in registry.names():
+            strategy = registry.get(name)
+            rows.append(
+                {
+                    "name": name,
+                    "label": strategy.label,
+                    "tradeoff": strategy.tradeoff,
+                    "safe": strategy.safe,
+                    "allowed": registry.allowed(name),
+                }
+            )
+        return Response(StrategySerializer(rows, many=True).data)
+
+
+def healthz(request: Request) -> JsonResponse:
+    """Database and Redis reachability; 503 when either is down."""
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means "down", reported as text
+        checks["database"] = f"error: {exc}"
+    try:
+        get_redis_connection("default").ping()
+        checks["redis"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        checks["redis"] = f"error: {exc}"
+    healthy = all(v == "ok" for v in checks.values())
+    return JsonResponse({"status": "ok" if healthy else "down", "checks": checks},
+                        status=200 if healthy else 503)

@@ -1,0 +1,29 @@
+import MySQLdb
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Create the configured MySQL/MariaDB database (utf8mb4) if it does not exist."
+    requires_system_checks: list[str] = []
+
+    def handle(self, *args: object, **options: object) -> None:
+        db = settings.DATABASES["default"]
+        if db["ENGINE"] != "django.db.backends.mysql":
+            self.stdout.write(f"{db['ENGINE']}: nothing to create")
+            return
+        try:
+            conn = MySQLdb.connect(
+                host=db.get("HOST") or "127.0.0.1", port=int(db.get("PORT") or 3306),
+                user=db.get("USER") or "root", password=db.get("PASSWORD") or "",
+            )
+        except MySQLdb.Error as exc:
+            raise CommandError(f"cannot reach MySQL at {db.get('HOST')}:{db.get('PORT')}: {exc}")
+        name = db["NAME"].replace("`", "``")
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"CREATE DATABASE IF NOT EXISTS `{name}` "
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+            )
+        conn.close()
+        self.stdout.write(f"database {db['NAME']} is ready")

@@ -1,0 +1,127 @@
+"""Data and constraints. Table names follow the seeds; money is DECIMAL(12, 2)."""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from .allocation import Allocation
+
+MONEY = {"max_digits": 12, "decimal_places": 2}
+ONE_CENT = Decimal("0.01")
+
+
+class ActivityStatus(models.TextChoices):
+    OPEN = "open"
+    CLOSED = "closed"
+    REFUNDED = "refunded"
+
+
+class Activity(models.Model):
+    """One red packet as sent; surplus_* is what is still there to grab."""
+
+    sender = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="sent_activities"
+    )
+    total_amount = models.DecimalField(**MONEY)
+    surplus_amount = models.DecimalField(**MONEY)
+    total_count = models.PositiveIntegerField()
+    surplus_count = models.PositiveIntegerField()
+    strategy = models.CharField(max_length=32)
+    allocation = models.CharField(
+        max_length=16, choices=[(a.value, a.value.replace("_", " ")) for a in Allocation]
+    )
+    status = models.CharField(
+        max_length=10, choices=ActivityStatus.choices, default=ActivityStatus.OPEN
+    )
+    version = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "t_redpack_activity"
+        verbose_name_plural = "activities"
+        indexes = [models.Index(fields=["status", "expires_at"], name="activity_status_expiry")]
+        constraints = [
+            models.CheckConstraint(condition=Q(total_count__gte=1), name="activity_count_min"),
+            models.CheckConstraint(
+                condition=Q(total_amount__gte=F("total_count") * ONE_CENT),
+                name="activity_total_covers_count",
+            ),
+            models.CheckConstraint(
+                condition=Q(surplus_count__lte=F("total_count")), name="activity_surplus_count"
+            ),
+            models.CheckConstraint(
+                condition=Q(surplus_amount__gte=F("surplus_count") * ONE_CENT)
+                & Q(surplus_amount__lte=F("total_amount")),
+                name="activity_surplus_amount",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.total_amount} × {self.total_count} ({self.strategy})"
+
+
+class PacketStatus(models.IntegerChoices):
+    AVAILABLE = 1
+    TAKEN = 2
+
+
+class Packet(models.Model):
+    """A packet cut at send time, for the pre-allocating strategies (seed 001's 红包表)."""
+
+    activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="packets")
+    amount = models.DecimalField(**MONEY)
+    status = models.PositiveSmallIntegerField(
+        choices=PacketStatus.choices, default=PacketStatus.AVAILABLE
+    )
+    version = models.BigIntegerField(default=0)
+    grabbed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        db_table = "t_redpack"
+        indexes = [models.Index(fields=["activity", "status"], name="packet_activity_status")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=ONE_CENT), name="packet_amount_min"),
+            models.CheckConstraint(
+                condition=Q(status=PacketStatus.AVAILABLE, grabbed_by__isnull=True)
+                | Q(status=PacketStatus.TAKEN, grabbed_by__isnull=False),
+                name="packet_taken_has_owner",
+            ),
+        ]
+
+
+class GrabDetail(models.Model):
+    """One successful grab (明细表). UNIQUE (activity, user) is the last line of the dedupe."""
+
+    activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="details")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    amount = models.DecimalField(**MONEY)
+    redpack = models.ForeignKey(Packet, null=True, blank=True, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "t_redpack_detail"
+        indexes = [models.Index(fields=["user", "-created_at"], name="detail_user_recent")]
+        constraints = [
+            models.UniqueConstraint(fields=["activity", "user"], name="detail_one_per_user"),
+            models.CheckConstraint(condition=Q(amount__gte=ONE_CENT), name="detail_amount_min"),
+        ]
+
+
+class Refund(models.Model):
+    """What went back to the sender when the activity closed; at most one per activity."""
+
+    activity = models.OneToOneField(Activity, on_delete=models.CASCADE, related_name="refund")
+    amount = models.DecimalField(**MONEY)
+    count = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "t_redpack_refund"
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="refund_amount_nonneg"),
+        ]

@@ -1,0 +1,20 @@
+"""Money is integer cents in code and in Redis, DECIMAL(…, 2) in MySQL, decimal strings in JSON."""
+
+from decimal import Decimal, InvalidOperation
+
+CENT = Decimal("0.01")
+
+
+def to_cents(amount: Decimal | str | int) -> int:
+    """Exact conversion; raises ValueError for sub-cent, non-finite or non-numeric amounts."""
+    try:
+        value = Decimal(amount) * 100
+    except (InvalidOperation, TypeError) as exc:
+        raise ValueError(f"not an amount: {amount!r}") from exc
+    if not value.is_finite() or value != value.to_integral_value():
+        raise ValueError(f"not a whole number of cents: {amount!r}")
+    return int(value)
+
+
+def from_cents(cents: int) -> Decimal:
+    return (Decimal(cents) / 100).quantize(CENT)
