@@ -1,0 +1,52 @@
+"""Fixtures on the real MariaDB and Redis. A missing service fails the run; nothing is skipped."""
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractUser
+from django.db import connection
+from django_redis import get_redis_connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from redpack import services
+
+MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
+
+
+@pytest.fixture(scope="session", autouse=True)
+def real_services(django_db_setup, django_db_blocker) -> None:  # type: ignore[no-untyped-def]
+    try:
+        get_redis_connection("default").ping()
+    except RedisConnectionError as exc:
+        pytest.exit(f"Redis is not answering ({exc}); start it, tests need the real server", 2)
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_connections")
+        (current,) = cursor.fetchone()
+        if current < MIN_DB_CONNECTIONS:
+            cursor.execute(f"SET GLOBAL max_connections = {MIN_DB_CONNECTIONS}")
+
+
+@pytest.fixture(autouse=True)
+def clean_redis() -> Iterator[None]:
+    """Each test starts from an empty test Redis database (ids are reused between tests)."""
+    get_redis_connection("default").flushdb()
+    services._strategy_of.cache_clear()
+    yield
+
+
+@pytest.fixture
+def make_users(db) -> Callable[[int], list[AbstractUser]]:  # type: ignore[no-untyped-def]
+    def make(count: int, prefix: str = "user") -> list[AbstractUser]:
+        User = get_user_model()
+        start = User.objects.count()
+        names = [f"{prefix}{start + i}" for i in range(count)]
+        User.objects.bulk_create([User(username=name) for name in names])
+        return list(User.objects.filter(username__in=names).order_by("pk"))
+
+    return make
+
+
+@pytest.fixture
+def sender(make_users) -> AbstractUser:  # type: ignore[no-untyped-def]
+    return make_users(1, prefix="sender")[0]

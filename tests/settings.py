@@ -1,0 +1,14 @@
+"""Test settings: the real MariaDB and Redis, with Redis state in its own database number."""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-that-is-long-enough-for-hs256-signing")
+os.environ.setdefault("DB_CONN_MAX_AGE", "0")
+
+from redpack.settings import *  # noqa: E402,F403
+from redpack.settings import CACHES, env  # noqa: E402
+
+TEST_REDIS_URL = env.str("TEST_REDIS_URL", default="redis://127.0.0.1:6379/15")
+CACHES["default"]["LOCATION"] = TEST_REDIS_URL
+CELERY_BROKER_URL = env.str("TEST_CELERY_BROKER_URL", default="redis://127.0.0.1:6379/14")
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
