@@ -24,6 +24,12 @@ from .serializers import (
     StrategySerializer,
 )
 
+
+def user_id(request: Request) -> int:
+    """The authenticated user's id (every view here requires authentication)."""
+    return int(request.user.pk)  # type: ignore[arg-type,union-attr]
+
+
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, "Invalid input; `fields` names each bad field."),
     401: OpenApiResponse(ErrorSerializer, "Missing, expired or forged credentials."),
@@ -41,7 +47,7 @@ class ActivityCreateView(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         activity = services.activity_send(
-            sender_id=request.user.pk,
+            sender_id=user_id(request),
             total_amount=data["total_amount"],
             total_count=data["total_count"],
             strategy=data["strategy"],
@@ -77,11 +83,13 @@ class GrabView(APIView):
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        result = services.grab(activity_id=pk, user_id=int(request.user.pk))
+        result = services.grab(activity_id=pk, user_id=user_id(request))
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))
-        code = status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        code = (
+            status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        )
         return Response(body, status=code)
 
 
@@ -89,7 +97,7 @@ class MyGrabsView(generics.ListAPIView):
     serializer_class = GrabDetailSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return services.user_grabs(user_id=self.request.user.pk)
+        return services.user_grabs(user_id=user_id(self.request))
 
 
 class StrategyListView(APIView):
@@ -125,5 +133,6 @@ def healthz(request: Request) -> JsonResponse:
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {exc}"
     healthy = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "down", "checks": checks},
-                        status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "down", "checks": checks}, status=200 if healthy else 503
+    )

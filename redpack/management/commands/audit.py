@@ -1,4 +1,5 @@
 import json
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -13,7 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--activity", type=int, help="Audit only this activity id.")
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, **options: Any) -> None:
         activities = Activity.objects.order_by("pk")
         if options["activity"] is not None:
             activities = activities.filter(pk=options["activity"])
@@ -22,17 +23,28 @@ class Command(BaseCommand):
         reports = [audit_activity(activity) for activity in activities.iterator(chunk_size=500)]
         failed = [r for r in reports if not r.ok]
         if options["json"]:
-            self.stdout.write(json.dumps({
-                "ok": not failed,
-                "activities": len(reports),
-                "violations": sum(len(r.violations) for r in reports),
-                "reports": [
-                    {"activity": r.activity_id, "strategy": r.strategy, "ok": r.ok,
-                     "grabbed": r.grabbed, "oversold": r.oversold, "duplicates": r.duplicates,
-                     "checks": r.checks, "violations": r.violations}
-                    for r in reports
-                ],
-            }))
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "ok": not failed,
+                        "activities": len(reports),
+                        "violations": sum(len(r.violations) for r in reports),
+                        "reports": [
+                            {
+                                "activity": r.activity_id,
+                                "strategy": r.strategy,
+                                "ok": r.ok,
+                                "grabbed": r.grabbed,
+                                "oversold": r.oversold,
+                                "duplicates": r.duplicates,
+                                "checks": r.checks,
+                                "violations": r.violations,
+                            }
+                            for r in reports
+                        ],
+                    }
+                )
+            )
         else:
             for report in reports:
                 mark = "ok" if report.ok else "VIOLATED"
