@@ -93,6 +93,16 @@ class GrabDetailSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ActivityGrabSerializer(serializers.ModelSerializer):
+    user = serializers.IntegerField(source="user_id")
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = GrabDetail
+        fields = ["user", "username", "amount", "created_at"]
+        read_only_fields = fields
+
+
 class StrategySerializer(serializers.Serializer):
     name = serializers.CharField()
     label = serializers.CharField()  # type: ignore[assignment]

@@ -17,12 +17,13 @@ from strategies.base import Outcome
 
 from .serializers import (
     ActivityCreateSerializer,
+    ActivityGrabSerializer,
     ActivitySerializer,
-    ErrorSerializer,
     GrabDetailSerializer,
     GrabResultSerializer,
     StrategySerializer,
 )
+from .throttles import RedpackThrottle
 
 
 def user_id(request: Request) -> int:
@@ -30,17 +31,13 @@ def user_id(request: Request) -> int:
     return int(request.user.pk)  # type: ignore[arg-type,union-attr]
 
 
-ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, "Invalid input; `fields` names each bad field."),
-    401: OpenApiResponse(ErrorSerializer, "Missing, expired or forged credentials."),
-    404: OpenApiResponse(ErrorSerializer, "No such activity."),
-}
-
-
 class ActivityCreateView(APIView):
+    throttle_classes = [RedpackThrottle]
+    throttle_scope = "send"
+
     @extend_schema(
         request=ActivityCreateSerializer,
-        responses={201: ActivitySerializer, 400: ERRORS[400], 401: ERRORS[401]},
+        responses={201: ActivitySerializer},
     )
     def post(self, request: Request) -> Response:
         serializer = ActivityCreateSerializer(data=request.data)
@@ -58,7 +55,7 @@ class ActivityCreateView(APIView):
 
 
 class ActivityDetailView(APIView):
-    @extend_schema(responses={200: ActivitySerializer, 401: ERRORS[401], 404: ERRORS[404]})
+    @extend_schema(responses={200: ActivitySerializer})
     def get(self, request: Request, pk: int) -> Response:
         return Response(ActivitySerializer(services.activity_get(activity_id=pk)).data)
 
@@ -67,6 +64,8 @@ class GrabView(APIView):
     """Stateless token authentication: a grab needs no database round trip to know the user."""
 
     authentication_classes = [JWTStatelessUserAuthentication]
+    throttle_classes = [RedpackThrottle]
+    throttle_scope = "grab"
 
     @extend_schema(
         request=None,
@@ -78,8 +77,6 @@ class GrabView(APIView):
             409: OpenApiResponse(
                 GrabResultSerializer, "contended: nothing this time, packets may remain; retry."
             ),
-            401: ERRORS[401],
-            404: ERRORS[404],
         },
     )
     def post(self, request: Request, pk: int) -> Response:
@@ -93,6 +90,19 @@ class GrabView(APIView):
         return Response(body, status=code)
 
 
+class ActivityGrabsView(generics.ListAPIView):
+    """Who grabbed what: the activity's sender and staff only."""
+
+    serializer_class = ActivityGrabSerializer
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return services.activity_grabs(
+            activity_id=self.kwargs["pk"],
+            viewer_id=user_id(self.request),
+            viewer_is_staff=bool(self.request.user.is_staff),
+        )
+
+
 class MyGrabsView(generics.ListAPIView):
     serializer_class = GrabDetailSerializer
 
@@ -101,7 +111,7 @@ class MyGrabsView(generics.ListAPIView):
 
 
 class StrategyListView(APIView):
-    @extend_schema(responses={200: StrategySerializer(many=True), 401: ERRORS[401]})
+    @extend_schema(responses={200: StrategySerializer(many=True)})
     def get(self, request: Request) -> Response:
         rows = []
         for name in registry.names():
