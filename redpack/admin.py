@@ -1,14 +1,14 @@
 from django import forms
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from strategies import registry
 
-from . import services
+from . import expiry, services
 from .allocation import Allocation
 from .errors import RedpackError
-from .models import Activity, GrabDetail
+from .models import Activity, GrabDetail, Refund
 
 
 class ActivitySendForm(forms.ModelForm):
@@ -72,6 +72,7 @@ class GrabDetailInline(admin.TabularInline):
 
 @admin.register(Activity)
 class ActivityAdmin(admin.ModelAdmin):
+    actions = ["expire_now"]
     list_display = [
         "id",
         "sender",
@@ -81,6 +82,7 @@ class ActivityAdmin(admin.ModelAdmin):
         "progress",
         "surplus_amount",
         "total_amount",
+        "refunded",
         "expires_at",
     ]
     list_filter = ["strategy", "status", "allocation"]
@@ -99,6 +101,28 @@ class ActivityAdmin(admin.ModelAdmin):
         "created_at",
         "expires_at",
     ]
+
+    @admin.display(description="refunded")
+    def refunded(self, activity: Activity) -> str:
+        refund = getattr(activity, "refund", None)
+        return f"{refund.amount} ({refund.count})" if refund else "—"
+
+    @admin.action(description="Expire now and refund the sender", permissions=["expire"])
+    def expire_now(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
+        refunded = 0
+        for activity in queryset.exclude(status="refunded"):
+            try:
+                expiry.refund(activity_id=activity.pk, force=True)
+                refunded += 1
+            except expiry.NotSettled as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        self.message_user(request, f"{refunded} activities expired and refunded.")
+
+    def has_expire_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("redpack.expire_activity")
+
+    def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("sender", "refund")
 
     @admin.display(description="grabbed / total")
     def progress(self, activity: Activity) -> str:
@@ -138,4 +162,24 @@ class ActivityAdmin(admin.ModelAdmin):
         obj.refresh_from_db()
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Refund)
+class RefundAdmin(admin.ModelAdmin):
+    list_display = ["activity", "sender", "amount", "count", "created_at"]
+    list_select_related = ["activity__sender"]
+    readonly_fields = ["activity", "amount", "count", "created_at"]
+
+    @admin.display(description="sender")
+    def sender(self, refund: Refund) -> str:
+        return str(refund.activity.sender)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

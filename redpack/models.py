@@ -45,6 +45,7 @@ class Activity(models.Model):
     class Meta:
         db_table = "t_redpack_activity"
         verbose_name_plural = "activities"
+        permissions = [("expire_activity", "Can expire an activity now and refund its sender")]
         indexes = [models.Index(fields=["status", "expires_at"], name="activity_status_expiry")]
         constraints = [
             models.CheckConstraint(condition=Q(total_count__gte=1), name="activity_count_min"),

@@ -13,9 +13,9 @@ from django.utils import timezone
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 
-from . import allocation
+from . import allocation, expiry
 from .errors import Forbidden, InvalidInput, NotFound
-from .models import Activity, GrabDetail
+from .models import Activity, GrabDetail, Refund
 from .money import from_cents, to_cents
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ def activity_send(
             expires_at=timezone.now() + timedelta(seconds=expires_in),
         )
         registry.get(strategy).prepare(activity)
+        transaction.on_commit(lambda: expiry.register([activity]))
     logger.info("activity sent id=%s strategy=%s count=%s", activity.pk, strategy, total_count)
     return activity
 
@@ -143,3 +144,7 @@ def activity_grabs(
 
 def user_grabs(*, user_id: int) -> QuerySet[GrabDetail]:
     return GrabDetail.objects.filter(user_id=user_id).order_by("-created_at", "-id")
+
+
+def user_refunds(*, user_id: int) -> QuerySet[Refund]:
+    return Refund.objects.filter(activity__sender_id=user_id).order_by("-created_at", "-id")

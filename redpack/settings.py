@@ -132,6 +132,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = "UTC"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
+    "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -199,6 +204,10 @@ REDPACK_THROTTLE_RATES = {
     "grab": env.str("REDPACK_GRAB_RATE", default="120/min") or None,
     "send": env.str("REDPACK_SEND_RATE", default="30/min") or None,
 }
+# Expiry: due activities are claimed in batches and leased while their refund runs.
+REDPACK_EXPIRY_BATCH = env.int("REDPACK_EXPIRY_BATCH", default=100)
+REDPACK_EXPIRY_LEASE_SECONDS = env.float("REDPACK_EXPIRY_LEASE_SECONDS", default=60.0)
+REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
 

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
-from redpack.models import Activity, GrabDetail
+from redpack.models import Activity, GrabDetail, Refund
 from strategies import registry
 from strategies.base import Outcome
 
@@ -131,6 +131,15 @@ class ActivityGrabSerializer(serializers.ModelSerializer):
     class Meta:
         model = GrabDetail
         fields = ["user", "username", "amount", "created_at"]
+        read_only_fields = fields
+
+
+class RefundSerializer(serializers.ModelSerializer):
+    activity = serializers.IntegerField(source="activity_id")
+
+    class Meta:
+        model = Refund
+        fields = ["activity", "amount", "count", "created_at"]
         read_only_fields = fields
 
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),
     path("activities/<int:pk>/grabs/", views.ActivityGrabsView.as_view(), name="activity-grabs"),
     path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
+    path("me/refunds/", views.MyRefundsView.as_view(), name="my-refunds"),
     path("strategies/", views.StrategyListView.as_view(), name="strategies"),
     path("token/", TokenObtainPairView.as_view(), name="token-obtain"),
     path("token/refresh/", TokenRefreshView.as_view(), name="token-refresh"),

@@ -21,6 +21,7 @@ from .serializers import (
     ActivitySerializer,
     GrabDetailSerializer,
     GrabResultSerializer,
+    RefundSerializer,
     StrategySerializer,
 )
 from .throttles import RedpackThrottle
@@ -108,6 +109,15 @@ class MyGrabsView(generics.ListAPIView):
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         return services.user_grabs(user_id=user_id(self.request))
+
+
+class MyRefundsView(generics.ListAPIView):
+    """What came back to you from the activities you sent."""
+
+    serializer_class = RefundSerializer
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return services.user_refunds(user_id=user_id(self.request))
 
 
 class StrategyListView(APIView):
