@@ -9,6 +9,7 @@ urlpatterns = [
     path("activities/<int:pk>/", views.ActivityDetailView.as_view(), name="activity-detail"),
     path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),
     path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
+    path("ping/", views.PingView.as_view(), name="ping"),
     path("strategies/", views.StrategyListView.as_view(), name="strategies"),
     path("token/", TokenObtainPairView.as_view(), name="token-obtain"),
     path("token/refresh/", TokenRefreshView.as_view(), name="token-refresh"),

@@ -81,8 +81,23 @@ class GrabView(APIView):
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))
-        code = status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        code = (
+            status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        )
         return Response(body, status=code)
+
+
+class PingView(APIView):
+    """The web server's ceiling for the bench: authenticated like a grab, and nothing else."""
+
+    authentication_classes = [JWTStatelessUserAuthentication]
+
+    @extend_schema(
+        request=None,
+        responses={200: OpenApiResponse(description='`{"pong": true}`'), 401: ERRORS[401]},
+    )
+    def get(self, request: Request) -> Response:
+        return Response({"pong": True})
 
 
 class MyGrabsView(generics.ListAPIView):
@@ -125,5 +140,6 @@ def healthz(request: Request) -> JsonResponse:
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {exc}"
     healthy = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "down", "checks": checks},
-                        status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "down", "checks": checks}, status=200 if healthy else 503
+    )
