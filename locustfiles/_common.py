@@ -30,7 +30,13 @@ import gevent.event
 import requests
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_STOPPED, WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner
+from locust.runners import (
+    STATE_RUNNING,
+    STATE_SPAWNING,
+    WORKER_REPORT_INTERVAL,
+    MasterRunner,
+    WorkerRunner,
+)
 from locust.stats import StatsEntry
 
 logger = logging.getLogger("redpack.locust")
@@ -84,7 +90,12 @@ class Lab:
     finished_users: int = 0
     summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # by worker (master)
     workers_done: int = 0
-    gate: gevent.event.Event = field(default_factory=gevent.event.Event)
+    finishing: bool = False
+    gate: gevent.event.Event = field(default_factory=gevent.event.Event)  # all users spawned
+    # test_stop can fire twice (the run-time limit racing the last user), and a second quit
+    # ends the process: the first test_stop audits, `quitting` waits for it.
+    stopping: bool = False
+    audited: gevent.event.Event = field(default_factory=gevent.event.Event)
 
     def reset(self) -> None:
         self.__dict__.update(Lab().__dict__)
@@ -117,54 +128,53 @@ class Scenario:
     name: str
     creates_activity: bool = True
     packets: int = 100
-    users_hint: str = ""
 
 
 def add_arguments(parser: Any, scenario: Scenario) -> None:
-    group = parser  # not an argument group: only the parser takes include_in_web_ui/is_secret
-    group.add_argument(
+    # Straight on the parser: argument groups do not take include_in_web_ui / is_secret.
+    parser.add_argument(
         "--users-csv",
         default=os.environ.get("REDPACK_USERS_CSV", "bench-users.csv"),
         help="CSV from `manage.py create_bench_users` (username,authorization).",
     )
-    group.add_argument(
+    parser.add_argument(
         "--sender-token",
         default="",
         is_secret=True,
         help="Authorization header of the user that sends the activity (default: first CSV row).",
     )
+    parser.add_argument(
+        "--summary-json",
+        default="",
+        include_in_web_ui=False,
+        help="Write the run's summary (outcomes, rates, audit) to this file.",
+    )
     if scenario.name == "ping":
         return
-    group.add_argument("--strategy", default="pessimistic", help="Grab strategy of the activity.")
-    group.add_argument(
+    parser.add_argument("--strategy", default="pessimistic", help="Grab strategy of the activity.")
+    parser.add_argument(
         "--allocation",
         default="double_average",
         choices=["double_average", "line_segment", "equal"],
     )
-    group.add_argument("--settle-timeout", type=float, default=30.0, help="Wait for persistence.")
-    group.add_argument(
+    parser.add_argument("--settle-timeout", type=float, default=30.0, help="Wait for persistence.")
+    parser.add_argument(
         "--audit",
         default="auto",
         choices=["auto", "http", "off"],
         help="auto: API check plus `manage.py audit` when manage.py is next to locustfiles/; "
         "http: API check only.",
     )
-    group.add_argument(
-        "--summary-json",
-        default="",
-        include_in_web_ui=False,
-        help="Write the run's summary (outcomes, rates, audit) to this file.",
-    )
     if scenario.creates_activity:
-        group.add_argument("--packets", type=int, default=scenario.packets, help="Packets.")
-        group.add_argument(
+        parser.add_argument("--packets", type=int, default=scenario.packets, help="Packets.")
+        parser.add_argument(
             "--amount", default="", help="Total amount, e.g. 100.00 (default: 1.00 per packet)."
         )
-        group.add_argument(
+        parser.add_argument(
             "--activity", type=int, default=0, help="Grab this existing activity (0: send one)."
         )
     if scenario.name == "hot":
-        group.add_argument("--clicks", type=int, default=1, help="Grabs per user, at once.")
+        parser.add_argument("--clicks", type=int, default=1, help="Grabs per user, at once.")
 
 
 def register(scenario: Scenario) -> None:
@@ -194,7 +204,18 @@ def register(scenario: Scenario) -> None:
 
     @events.test_stop.add_listener
     def _(environment: Environment, **kwargs: Any) -> None:
-        _stop(environment, scenario)
+        if lab.stopping:
+            return
+        lab.stopping = True
+        try:
+            _stop(environment, scenario)
+        finally:
+            lab.audited.set()
+
+    @events.quitting.add_listener
+    def _(environment: Environment, **kwargs: Any) -> None:
+        if lab.stopping:
+            lab.audited.wait(timeout=900)
 
 
 def _start(environment: Environment, scenario: Scenario) -> None:
@@ -299,10 +320,11 @@ def _on_worker_done(environment: Environment) -> None:
 
 def _finish(environment: Environment) -> None:
     runner = environment.runner
-    if environment.parsed_options.headless:
-        gevent.spawn(runner.quit)
-    elif runner.state != STATE_STOPPED:
-        gevent.spawn(runner.stop)
+    if lab.finishing or runner.state not in (STATE_SPAWNING, STATE_RUNNING):
+        return
+    lab.finishing = True
+    # Headless: end the process (test_stop audits first). Web UI: stop and keep the UI up.
+    gevent.spawn(runner.quit if environment.parsed_options.headless else runner.stop)
 
 
 def _on_worker_summary(msg: Any, **kwargs: Any) -> None:
@@ -325,7 +347,9 @@ def _stop(environment: Environment, scenario: Scenario) -> None:
         gevent.sleep(WORKER_REPORT_INTERVAL + 0.5)  # the workers' last stats report
         parts = list(lab.summaries.values())
     summary = _merge(environment, scenario, parts)
-    if scenario.name != "ping":
+    if scenario.creates_activity and not lab.activity_id:
+        summary["violations"] = ["the test stopped before an activity was sent"]
+    elif scenario.name != "ping":
         _audit(environment, summary)
     path = getattr(environment.parsed_options, "summary_json", "")
     if path:
