@@ -230,15 +230,18 @@ def _start(environment: Environment, scenario: Scenario) -> None:
     )
     grabbers = [i for i in identities if i.user_id != sender.user_id]
     if isinstance(runner, WorkerRunner):
-        workers = max(1, int(getattr(options, "expect_workers", 1) or 1))
-        grabbers = grabbers[runner.worker_index :: workers]
+        # Each worker takes its own slice of the bench users: nobody grabs twice by accident.
+        workers = max(1, int(getattr(options, "redpack_workers", 1)))
+        grabbers = grabbers[runner.worker_index % workers :: workers]
     lab.sender, lab.identities = sender, grabbers
     if isinstance(runner, WorkerRunner):
         lab.activity_id = getattr(options, "redpack_activity_id", None)
         return
+    # Custom attributes of parsed_options travel to the workers with the spawn message.
+    if isinstance(runner, MasterRunner):
+        options.redpack_workers = runner.worker_count
     if scenario.creates_activity:
         lab.activity_id = options.activity or _send_activity(environment, sender)
-        # Sent to the workers with the spawn message (custom attributes travel along).
         options.redpack_activity_id = lab.activity_id
         logger.info("grabbing activity %s (%s)", lab.activity_id, options.strategy)
 

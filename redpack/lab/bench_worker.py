@@ -45,9 +45,15 @@ def _setup(spec: WorkerSpec) -> None:
     import django
     from django.conf import settings
 
-    django.setup()
+    # Before setup: some apps open the connection handler while they load.
     for name, value in spec.settings_values.items():
         setattr(settings, name, value)
+    django.setup()
+    from django.db import connection
+
+    wanted = spec.settings_values["DATABASES"]["default"]["NAME"]
+    if connection.settings_dict["NAME"] != wanted:
+        raise RuntimeError(f"connected to {connection.settings_dict['NAME']}, not {wanted}")
     from strategies import registry
 
     registry.get(spec.strategy)  # import and build the strategy before the clock starts
