@@ -126,11 +126,11 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
             storage = measured("redis", name) or measured("redis")
         else:
             storage = measured("mysql")
+        # Over HTTP the web server's own ceiling applies too: the lower one bounds the run.
+        candidates = [c for c in (storage, web) if c is not None]
+        over_http = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
         for row in rows:
-            bound = storage
-            over_http = row["run"].startswith("HTTP") and web is not None
-            if over_http and (bound is None or web["requests_per_s"] < bound["requests_per_s"]):
-                bound = web
+            bound = over_http if row["run"].startswith("HTTP") else storage
             row["ceiling"] = bound["name"] if bound else None
             row["ceiling_rate"] = bound["requests_per_s"] if bound else None
             rate = row.get("requests_per_s")
