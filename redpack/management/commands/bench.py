@@ -100,12 +100,14 @@ class Command(BaseCommand):
             raise SystemExit(1)
 
     def _progress_bar(self):  # type: ignore[no-untyped-def]
-        started = time.monotonic()
+        started: list[float] = []  # the first call comes right after the start signal
 
         def show(done: int, total: int) -> None:
+            if not started:
+                started.append(time.monotonic())
             width = 30
             filled = width * done // max(total, 1)
-            rate = done / max(time.monotonic() - started, 1e-9)
+            rate = done / max(time.monotonic() - started[0], 1e-3)
             end = "\n" if done >= total else ""
             self.stdout.write(
                 f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate:,.0f}/s",
