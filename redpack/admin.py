@@ -14,7 +14,7 @@ from .models import Activity, GrabDetail
 class ActivitySendForm(forms.ModelForm):
     """Creation goes through services.activity_send, like the API, so packets get prepared."""
 
-    expires_in = forms.IntegerField(initial=86400, help_text="Seconds until the activity expires.")
+    expires_in = forms.IntegerField()  # bounds from settings, set per form in __init__
 
     class Meta:
         model = Activity
@@ -23,15 +23,24 @@ class ActivitySendForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.fields["strategy"] = forms.ChoiceField(
-            choices=[(n, f"{n} — {registry.get(n).label}") for n in registry.names()
-                     if registry.allowed(n)]
+            choices=[
+                (n, f"{n} — {registry.get(n).label}")
+                for n in registry.names()
+                if registry.allowed(n)
+            ]
         )
         self.fields["allocation"] = forms.ChoiceField(
             choices=[(a.value, a.value) for a in Allocation], initial=Allocation.DOUBLE_AVERAGE
         )
-        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
-        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
-        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+        self.fields["total_count"] = forms.IntegerField(
+            min_value=1, max_value=settings.REDPACK_MAX_COUNT
+        )
+        self.fields["expires_in"] = forms.IntegerField(
+            initial=86400,
+            min_value=settings.REDPACK_MIN_EXPIRES_IN,
+            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            help_text="Seconds until the activity expires.",
+        )
 
     def clean(self) -> dict:
         data = super().clean() or {}
@@ -52,7 +61,7 @@ class ActivitySendForm(forms.ModelForm):
 class GrabDetailInline(admin.TabularInline):
     model = GrabDetail
     fields = ["user", "amount", "redpack", "created_at"]
-    readonly_fields = fields
+    readonly_fields = ["user", "amount", "redpack", "created_at"]
     extra = 0
     can_delete = False
     show_change_link = False
@@ -63,13 +72,33 @@ class GrabDetailInline(admin.TabularInline):
 
 @admin.register(Activity)
 class ActivityAdmin(admin.ModelAdmin):
-    list_display = ["id", "sender", "strategy", "allocation", "status", "progress",
-                    "surplus_amount", "total_amount", "expires_at"]
+    list_display = [
+        "id",
+        "sender",
+        "strategy",
+        "allocation",
+        "status",
+        "progress",
+        "surplus_amount",
+        "total_amount",
+        "expires_at",
+    ]
     list_filter = ["strategy", "status", "allocation"]
     search_fields = ["id", "sender__username"]
     inlines = [GrabDetailInline]
-    readonly_fields = ["sender", "total_amount", "surplus_amount", "total_count", "surplus_count",
-                       "strategy", "allocation", "status", "version", "created_at", "expires_at"]
+    readonly_fields = [
+        "sender",
+        "total_amount",
+        "surplus_amount",
+        "total_count",
+        "surplus_count",
+        "strategy",
+        "allocation",
+        "status",
+        "version",
+        "created_at",
+        "expires_at",
+    ]
 
     @admin.display(description="grabbed / total")
     def progress(self, activity: Activity) -> str:
@@ -78,8 +107,13 @@ class ActivityAdmin(admin.ModelAdmin):
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
             kwargs["form"] = ActivitySendForm
-            kwargs["fields"] = ["total_amount", "total_count", "strategy", "allocation",
-                                "expires_in"]
+            kwargs["fields"] = [
+                "total_amount",
+                "total_count",
+                "strategy",
+                "allocation",
+                "expires_in",
+            ]
         return super().get_form(request, obj, change, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 
 from . import allocation
-from .errors import InvalidInput, NotFound
+from .errors import Forbidden, InvalidInput, NotFound
 from .models import Activity, GrabDetail
 from .money import from_cents, to_cents
 
@@ -43,6 +43,11 @@ def activity_send_validate(
     if total_cents > to_cents(settings.REDPACK_MAX_TOTAL_AMOUNT):
         raise InvalidInput(
             f"total_amount exceeds the maximum of {settings.REDPACK_MAX_TOTAL_AMOUNT}",
+            field="total_amount",
+        )
+    if total_cents > total_count * to_cents(settings.REDPACK_MAX_PACKET_AMOUNT):
+        raise InvalidInput(
+            f"the average packet may not exceed {settings.REDPACK_MAX_PACKET_AMOUNT}",
             field="total_amount",
         )
     if not 1 <= total_count <= settings.REDPACK_MAX_COUNT:
@@ -120,6 +125,20 @@ def activity_get(*, activity_id: int) -> Activity:
     if activity is None:
         raise NotFound(f"activity {activity_id} does not exist")
     return activity
+
+
+def activity_grabs(
+    *, activity_id: int, viewer_id: int, viewer_is_staff: bool
+) -> QuerySet[GrabDetail]:
+    """Who grabbed what in an activity: for its sender and for staff only."""
+    activity = activity_get(activity_id=activity_id)
+    if activity.sender_id != viewer_id and not viewer_is_staff:
+        raise Forbidden("only the sender and staff see who grabbed what")
+    return (
+        GrabDetail.objects.filter(activity=activity)
+        .select_related("user")
+        .order_by("created_at", "id")
+    )
 
 
 def user_grabs(*, user_id: int) -> QuerySet[GrabDetail]:

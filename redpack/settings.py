@@ -24,6 +24,23 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# Behind HTTPS (a TLS-terminating proxy that sets X-Forwarded-Proto): secure cookies, HSTS,
+# redirect plain HTTP. Off by default so `make run` works on http://127.0.0.1.
+HTTPS = env.bool("HTTPS", default=False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SECURE_SSL_REDIRECT = HTTPS
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# Request bodies above this size are refused with 413 before they are read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BYTES", default=64 * 1024)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -39,6 +56,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "redpack.api.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -76,6 +94,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
             "charset": "utf8mb4",
             "isolation_level": "read committed",
             "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
+            # Bounded handshake: a connect lost in a full listen backlog fails instead of hanging.
+            "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
         }
     )
     DATABASES["default"].setdefault("TEST", {}).update(
@@ -138,9 +158,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "redpack.api.schema.RedpackAutoSchema",
     "EXCEPTION_HANDLER": "redpack.api.errors.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "redpack.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": None,
 }
@@ -168,6 +188,13 @@ REDPACK_STRATEGIES = {
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
 REDPACK_MAX_COUNT = env.int("REDPACK_MAX_COUNT", default=10_000)
 REDPACK_MAX_TOTAL_AMOUNT = env.str("REDPACK_MAX_TOTAL_AMOUNT", default="1000000.00")
+# The average packet may not exceed this (double-average draws stay below twice the average).
+REDPACK_MAX_PACKET_AMOUNT = env.str("REDPACK_MAX_PACKET_AMOUNT", default="200.00")
+# Per-user rates kept in Redis (DRF throttles over django-redis); empty means unthrottled.
+REDPACK_THROTTLE_RATES = {
+    "grab": env.str("REDPACK_GRAB_RATE", default="120/min") or None,
+    "send": env.str("REDPACK_SEND_RATE", default="30/min") or None,
+}
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
 

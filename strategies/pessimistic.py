@@ -51,8 +51,8 @@ class PessimisticStrategy(GrabStrategy):
                 return GrabResult(Outcome.GRABBED, cents)
         except IntegrityError:
             # UNIQUE (activity, user) caught a duplicate the row lock should already have stopped.
-            existing = GrabDetail.objects.get(activity_id=activity_id, user_id=user_id)
-            return GrabResult(Outcome.ALREADY_GRABBED, to_cents(existing.amount))
+            row = GrabDetail.objects.get(activity_id=activity_id, user_id=user_id)
+            return GrabResult(Outcome.ALREADY_GRABBED, to_cents(row.amount))
 
     def close(self, *, activity_id: int) -> CloseResult:
         with transaction.atomic():

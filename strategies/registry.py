@@ -43,7 +43,9 @@ def check_strategies(**kwargs: object) -> list[checks.CheckMessage]:
             continue
         if not (isinstance(strategy_class, type) and issubclass(strategy_class, GrabStrategy)):
             errors.append(
-                checks.Error(f"strategy {name!r}: {path!r} is not a GrabStrategy", id="redpack.E002")
+                checks.Error(
+                    f"strategy {name!r}: {path!r} is not a GrabStrategy", id="redpack.E002"
+                )
             )
         elif strategy_class.name != name:
             errors.append(

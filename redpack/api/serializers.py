@@ -11,22 +11,31 @@ from strategies.base import Outcome
 
 class ActivityCreateSerializer(serializers.Serializer):
     total_amount = serializers.DecimalField(
-        max_digits=12, decimal_places=2, min_value=Decimal("0.01"),
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
         help_text="Decimal string, at most two decimals.",
     )
-    total_count = serializers.IntegerField(min_value=1)
-    strategy = serializers.ChoiceField(choices=[])
     allocation = serializers.ChoiceField(
         choices=[a.value for a in Allocation], default=Allocation.DOUBLE_AVERAGE.value
     )
-    expires_in = serializers.IntegerField(default=86400, help_text="Seconds until expiry.")
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.fields["strategy"].choices = [n for n in registry.names() if registry.allowed(n)]
-        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
-        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
-        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """Bounds and choices come from settings at request time, so they follow overrides."""
+        fields = super().get_fields()
+        fields["total_count"] = serializers.IntegerField(
+            min_value=1, max_value=settings.REDPACK_MAX_COUNT
+        )
+        fields["strategy"] = serializers.ChoiceField(
+            choices=[n for n in registry.names() if registry.allowed(n)]
+        )
+        fields["expires_in"] = serializers.IntegerField(
+            default=86400,
+            min_value=settings.REDPACK_MIN_EXPIRES_IN,
+            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            help_text="Seconds until expiry.",
+        )
+        return fields
 
 
 class ActivitySerializer(serializers.ModelSerializer):
@@ -40,9 +49,19 @@ class ActivitySerializer(serializers.ModelSerializer):
     class Meta:
         model = Activity
         fields = [
-            "id", "sender", "total_amount", "total_count", "remaining_amount", "remaining_count",
-            "grabbed_count", "refunded_amount", "strategy", "allocation", "status",
-            "created_at", "expires_at",
+            "id",
+            "sender",
+            "total_amount",
+            "total_count",
+            "remaining_amount",
+            "remaining_count",
+            "grabbed_count",
+            "refunded_amount",
+            "strategy",
+            "allocation",
+            "status",
+            "created_at",
+            "expires_at",
         ]
         read_only_fields = fields
 
@@ -57,7 +76,10 @@ class ActivitySerializer(serializers.ModelSerializer):
 class GrabResultSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=[o.value for o in Outcome])
     amount = serializers.DecimalField(
-        max_digits=12, decimal_places=2, allow_null=True, required=False,
+        max_digits=12,
+        decimal_places=2,
+        allow_null=True,
+        required=False,
         help_text="Set for grabbed and already_grabbed.",
     )
 
@@ -71,9 +93,19 @@ class GrabDetailSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ActivityGrabSerializer(serializers.ModelSerializer):
+    user = serializers.IntegerField(source="user_id")
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = GrabDetail
+        fields = ["user", "username", "amount", "created_at"]
+        read_only_fields = fields
+
+
 class StrategySerializer(serializers.Serializer):
     name = serializers.CharField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]
     tradeoff = serializers.CharField()
     safe = serializers.BooleanField()
     allowed = serializers.BooleanField()
@@ -82,7 +114,9 @@ class StrategySerializer(serializers.Serializer):
 class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField())
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -8,6 +8,7 @@ urlpatterns = [
     path("activities/", views.ActivityCreateView.as_view(), name="activity-create"),
     path("activities/<int:pk>/", views.ActivityDetailView.as_view(), name="activity-detail"),
     path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),
+    path("activities/<int:pk>/grabs/", views.ActivityGrabsView.as_view(), name="activity-grabs"),
     path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
     path("ping/", views.PingView.as_view(), name="ping"),
     path("strategies/", views.StrategyListView.as_view(), name="strategies"),

@@ -22,8 +22,11 @@ PACKETS = 50
 def test_concurrent_double_clicks_never_oversell_or_duplicate(safe_strategy, make_users, sender):
     users = make_users(GRABBERS)
     activity = services.activity_send(
-        sender_id=sender.pk, total_amount=Decimal("100.00"), total_count=PACKETS,
-        strategy=safe_strategy, expires_in=3600,
+        sender_id=sender.pk,
+        total_amount=Decimal("100.00"),
+        total_count=PACKETS,
+        strategy=safe_strategy,
+        expires_in=3600,
     )
 
     answers = grab_concurrently(activity.pk, [u.pk for u in users], clicks_per_user=2)
@@ -32,8 +35,9 @@ def test_concurrent_double_clicks_never_oversell_or_duplicate(safe_strategy, mak
     by_user = defaultdict(list)
     for answer in answers:
         by_user[answer.user_id].append(answer.result)
-    grabbed = [(a.user_id, a.result.amount_cents) for a in answers
-               if a.result.outcome is Outcome.GRABBED]
+    grabbed = [
+        (a.user_id, a.result.amount_cents) for a in answers if a.result.outcome is Outcome.GRABBED
+    ]
     activity.refresh_from_db()
     report = audit_activity(activity, answers=grabbed)
     assert report.ok, report.violations
@@ -47,8 +51,12 @@ def test_concurrent_double_clicks_never_oversell_or_duplicate(safe_strategy, mak
         for result in results:
             if result.outcome is Outcome.ALREADY_GRABBED:
                 assert result.amount_cents == rows[user_id]
-            assert result.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED, Outcome.SOLD_OUT,
-                                      Outcome.CONTENDED}
+            assert result.outcome in {
+                Outcome.GRABBED,
+                Outcome.ALREADY_GRABBED,
+                Outcome.SOLD_OUT,
+                Outcome.CONTENDED,
+            }
     contended = sum(r.outcome is Outcome.CONTENDED for rs in by_user.values() for r in rs)
     if contended == 0:
         # Nobody was turned away, and there are four times more grabbers than packets.
@@ -61,8 +69,11 @@ def test_concurrent_double_clicks_never_oversell_or_duplicate(safe_strategy, mak
 def test_grabs_after_close_answer_closed(safe_strategy, make_users, sender):
     users = make_users(20)
     activity = services.activity_send(
-        sender_id=sender.pk, total_amount=Decimal("10.00"), total_count=10,
-        strategy=safe_strategy, expires_in=3600,
+        sender_id=sender.pk,
+        total_amount=Decimal("10.00"),
+        total_count=10,
+        strategy=safe_strategy,
+        expires_in=3600,
     )
     strategy = registry.get(safe_strategy)
     first = services.grab(activity_id=activity.pk, user_id=users[0].pk)

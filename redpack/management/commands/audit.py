@@ -1,5 +1,6 @@
 import json
 from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -21,9 +22,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, **options: Any) -> None:
         activities = Activity.objects.order_by("pk")
-        wanted = set(options["activity"] or [])  # type: ignore[call-overload]
+        wanted = set(options["activity"] or [])
         if wanted:
             activities = activities.filter(pk__in=wanted)
             missing = wanted - set(activities.values_list("pk", flat=True))
