@@ -93,7 +93,13 @@ def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | N
             strategy=name,
             expires_in=3600,
         )
-    values = {"$activity": str(activity.pk), "$user": "__rand_int__", "$now": str(int(time.time()))}
+    now = time.time()
+    values = {  # $now_ms before $now, its prefix
+        "$activity": str(activity.pk),
+        "$user": "__rand_int__",
+        "$now_ms": str(int(now * 1000)),
+        "$now": str(int(now)),
+    }
     args = [_substitute(arg, values) for arg in spec[1:]]
     try:
         ceiling = _redis_script(
