@@ -26,7 +26,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("p50_ms", "p50 ms", ",.1f"),
     ("p95_ms", "p95 ms", ",.1f"),
     ("p99_ms", "p99 ms", ",.1f"),
-    ("mysql_queries_per_request", "MySQL q/req", ".2f"),
+    ("mysql_queries_per_request", "MySQL q/req", "mysql"),
     ("redis_commands_per_request", "Redis cmd/req", ".2f"),
     ("cpu_seconds_per_1k_requests", "CPU s/1k req", ".2f"),
     ("settle_seconds", "persist lag s", ".2f"),
@@ -39,6 +39,13 @@ LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so n
 def cell(value: Any, fmt: str) -> str:
     if value is None:
         return "–"
+    if fmt == "mysql":
+        server_wide, own = value
+        shown = cell(server_wide, ".2f")
+        # The bench also counts its own connections' statements, immune to other clients.
+        if own is not None and (server_wide is None or abs(server_wide - own) > 0.1 * own + 0.05):
+            shown += f" (own {own:.2f})"
+        return shown
     if fmt == "audit":
         return "ok" if value else "**FAILED**"
     if fmt == "%":
@@ -62,8 +69,15 @@ def results_table(results: Sequence[dict[str, Any]], columns: list | None = None
         "|" + "|".join("---" if fmt == "s" else "---:" for _, _, fmt in columns) + "|",
     ]
     for row in results:
-        lines.append("| " + " | ".join(cell(row.get(key), fmt) for key, _, fmt in columns) + " |")
+        cells = [cell(_value(row, key, fmt), fmt) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
+    if fmt == "mysql":
+        return (row.get(key), row.get("mysql_queries_per_request_own"))
+    return row.get(key)
 
 
 def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:
@@ -96,7 +110,9 @@ How to read it:
 - **p50/p95/p99**: latency of one grab as the client saw it.
 - **MySQL q/req**, **Redis cmd/req**: server-wide `Questions` and `total_commands_processed`
   deltas per request, the meters' own reads subtracted. On a shared machine they include
-  other clients' work.
+  other clients' work; bench rows add in parentheses the statements counted on the bench's
+  own connections when the two differ. HTTP rows include the per-user throttle's Redis
+  commands.
 - **CPU s/1k req**: CPU seconds per 1,000 requests of the servers: MySQL and Redis, plus the
   bench's own processes (bench rows) or gunicorn and Celery (HTTP rows); Locust's own CPU is
   not counted.
@@ -178,8 +194,9 @@ def write_chart(
         if any(r.get("requests_per_s") for r in results):
             axis.set_yscale("log")
         axis.grid(axis="y", alpha=0.3)
-    rate_axis.legend(fontsize=7, loc="lower left")
-    figure.tight_layout()
+    handles, labels = rate_axis.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
