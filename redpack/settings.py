@@ -178,6 +178,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "redpack.api.schema.no_null_characters",
+    ],
 }
 
 # Grab strategies: name -> dotted path. An unknown or unimportable entry fails `manage.py check`.

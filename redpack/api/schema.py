@@ -2,7 +2,7 @@
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import Direction, OpenApiResponse
 
 from .serializers import ErrorSerializer
 
@@ -34,7 +34,7 @@ ERROR_STATUSES = {
 class RedpackAutoSchema(AutoSchema):
     """Every operation documents the one JSON error shape for each 4xx it can answer."""
 
-    def _get_response_bodies(self, direction: str = "response") -> dict:  # type: ignore[override]
+    def _get_response_bodies(self, direction: Direction = "response") -> dict:
         responses = super()._get_response_bodies(direction)
         for code, description in ERROR_STATUSES.items():
             if code not in responses:
@@ -42,3 +42,27 @@ class RedpackAutoSchema(AutoSchema):
                     OpenApiResponse(ErrorSerializer, description), code, direction=direction
                 )
         return responses
+
+
+def no_null_characters(result: dict, **kwargs: object) -> dict:
+    """DRF's CharField refuses NUL characters and trims blanks: the request schemas say so."""
+
+    def visit(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "string" and not {"pattern", "enum", "format"} & node.keys():
+                # Blank-after-trim is refused too where a value is required (minLength 1).
+                node["pattern"] = (
+                    "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+                    if node.get("minLength", 0) >= 1
+                    else "^[^\\u0000]*$"
+                )
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request"):
+            visit(component)
+    return result

@@ -1,6 +1,9 @@
+import re
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
@@ -8,14 +11,42 @@ from redpack.models import Activity, GrabDetail
 from strategies import registry
 from strategies.base import Outcome
 
+MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
+
+
+@extend_schema_field({"type": "string", "pattern": MONEY_PATTERN, "example": "100.00"})
+class MoneyField(serializers.Field):
+    """An amount as a decimal string of ASCII digits with at most two decimals; never a float."""
+
+    default_error_messages = {
+        "invalid": 'Send the amount as a decimal string with at most two decimals, e.g. "12.34".',
+        "min_value": "Must be at least 0.01.",
+    }
+
+    def to_internal_value(self, data: object) -> Decimal:
+        if not isinstance(data, str) or not re.fullmatch(MONEY_PATTERN, data):
+            self.fail("invalid")
+        amount = Decimal(data)
+        if amount < Decimal("0.01"):
+            self.fail("min_value")
+        return amount
+
+    def to_representation(self, value: Decimal) -> str:
+        return str(value)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (or a string of ASCII digits, for HTML forms); never a float or a bool."""
+
+    def to_internal_value(self, data: Any) -> int:
+        ascii_digits = isinstance(data, str) and data.isascii() and data.lstrip("-").isdigit()
+        if isinstance(data, bool) or not (isinstance(data, int) or ascii_digits):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
 
 class ActivityCreateSerializer(serializers.Serializer):
-    total_amount = serializers.DecimalField(
-        max_digits=12,
-        decimal_places=2,
-        min_value=Decimal("0.01"),
-        help_text="Decimal string, at most two decimals.",
-    )
+    total_amount = MoneyField(help_text="Decimal string, at most two decimals, at least 0.01.")
     allocation = serializers.ChoiceField(
         choices=[a.value for a in Allocation], default=Allocation.DOUBLE_AVERAGE.value
     )
@@ -23,13 +54,13 @@ class ActivityCreateSerializer(serializers.Serializer):
     def get_fields(self) -> dict[str, serializers.Field]:
         """Bounds and choices come from settings at request time, so they follow overrides."""
         fields = super().get_fields()
-        fields["total_count"] = serializers.IntegerField(
+        fields["total_count"] = StrictIntegerField(
             min_value=1, max_value=settings.REDPACK_MAX_COUNT
         )
         fields["strategy"] = serializers.ChoiceField(
             choices=[n for n in registry.names() if registry.allowed(n)]
         )
-        fields["expires_in"] = serializers.IntegerField(
+        fields["expires_in"] = StrictIntegerField(
             default=86400,
             min_value=settings.REDPACK_MIN_EXPIRES_IN,
             max_value=settings.REDPACK_MAX_EXPIRES_IN,

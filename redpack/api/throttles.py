@@ -10,4 +10,4 @@ class RedpackThrottle(ScopedRateThrottle):
     """
 
     def get_rate(self) -> str | None:
-        return settings.REDPACK_THROTTLE_RATES.get(self.scope)
+        return settings.REDPACK_THROTTLE_RATES.get(self.scope or "")
