@@ -43,9 +43,9 @@ class CompareConfig:
     hot_users: int = 10_000
     hot_packets: int = 100
     throughput_packets: int = 100_000
-    throughput_users: int = 10_000  # grabs fired by the throughput runs (one per bench user)
+    throughput_users: int = 5_000  # grabs fired by the throughput runs (one per bench user)
     hot_seconds: int = 60  # cap for Locust hot; it ends when every user has grabbed
-    throughput_seconds: int = 20
+    throughput_seconds: int = 15
     web_seconds: int = 10
     ceiling_requests: int = 100_000  # redis-benchmark EVALSHA calls
     ceiling_queries: int = 20_000  # hot-row UPDATEs
