@@ -335,7 +335,7 @@ class Compare:
         row.update(
             run=f"HTTP {scenario}",
             exit_code=code,
-            summary=str(summary_path),
+            summary=_relative(summary_path),
             mysql_queries=usage.mysql_queries,
             redis_commands=usage.redis_commands,
             cpu_seconds=round(cpu, 3),
@@ -399,7 +399,9 @@ class Compare:
             "concurrency": c.concurrency,
             "seconds": round(seconds, 1),
             "settings": [
-                f"{k} = {v}" for k, v in asdict(c).items() if k not in {"readme", "command"}
+                f"{k} = {_relative(v)}"
+                for k, v in asdict(c).items()
+                if k not in {"readme", "command"}
             ],
         }
         if float(load_before.split(",")[0]) > cpus:
@@ -435,6 +437,13 @@ class Compare:
                 f"  = {shown} of {row.get('ceiling') or 'no ceiling'}"
                 f" ({_rate(row.get('ceiling_rate'))})"
             )
+
+
+def _relative(value: object) -> object:
+    """Paths inside the checkout as relative paths: the report is committed."""
+    if isinstance(value, Path) and value.is_relative_to(BASE_DIR):
+        return str(value.relative_to(BASE_DIR))
+    return value
 
 
 def _git_commit() -> str:

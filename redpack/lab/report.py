@@ -31,6 +31,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("cpu_seconds_per_1k_requests", "CPU s/1k req", ".2f"),
     ("settle_seconds", "persist lag s", ".2f"),
     ("ceiling_ratio", "of ceiling", "%"),
+    ("ceiling", "ceiling", "kind"),
     ("audit_ok", "audit", "audit"),
 ]
 LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so no column
@@ -54,6 +55,8 @@ def cell(value: Any, fmt: str) -> str:
         return str(int(value)) if not value else f"**{int(value)}**"
     if fmt == "s":
         return str(value)
+    if fmt == "kind":
+        return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
 
 
@@ -66,7 +69,7 @@ def results_table(results: Sequence[dict[str, Any]], columns: list | None = None
     columns = columns or _columns(results)
     lines = [
         "| " + " | ".join(header for _, header, _ in columns) + " |",
-        "|" + "|".join("---" if fmt == "s" else "---:" for _, _, fmt in columns) + "|",
+        "|" + "|".join("---" if fmt in {"s", "kind"} else "---:" for _, _, fmt in columns) + "|",
     ]
     for row in results:
         cells = [cell(_value(row, key, fmt), fmt) for key, _, fmt in columns]
@@ -208,7 +211,7 @@ def readme_block(results: Sequence[dict[str, Any]], context: dict[str, Any]) -> 
         for c in COLUMNS
         if c[0]
         in {"strategy", "run", "requests_per_s", "grabs_per_s", "p99_ms", "oversold"}
-        | {"ceiling_ratio", "audit_ok"}
+        | {"ceiling_ratio", "ceiling", "audit_ok"}
     ]
     return "\n".join(
         [
