@@ -248,17 +248,17 @@ class Compare:
         command += ["--threads", str(c.web_threads), "--timeout", "300", "--log-level", "warning"]
         self.log(f"starting gunicorn: {c.web_workers} workers × {c.web_threads} threads")
         self.services.append(Service("gunicorn", command, self.env, c.work_dir / "gunicorn.log"))
+        server = self.services[-1]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and server.alive():
             try:
-                if requests.get(f"{self.host}/healthz", timeout=5).status_code == 200:
-                    return
+                healthy = requests.get(f"{self.host}/healthz", timeout=5).status_code == 200
             except requests.RequestException:
-                pass
-            if not self.services[-1].alive():
-                break
+                healthy = False
             time.sleep(0.5)
-        raise RuntimeError(f"gunicorn did not become healthy; see {self.services[-1].log}")
+            if healthy and server.alive():  # not another server on that port
+                return
+        raise RuntimeError(f"gunicorn did not become healthy (port busy?); see {server.log}")
 
     def _start_celery(self) -> None:
         work = self.config.work_dir
