@@ -63,6 +63,9 @@ class Command(BaseCommand):
             else "manage.py compare",
             **values,  # type: ignore[arg-type]
         )
-        code = Compare(config, log=self.stdout.write).run()
+        try:
+            code = Compare(config, log=self.stdout.write).run()
+        except RuntimeError as exc:  # a server compare needs did not start
+            raise CommandError(str(exc)) from exc
         if code:
             raise SystemExit(code)
