@@ -8,7 +8,7 @@ PORT ?= 8000
 WEB_WORKERS ?= 2
 WEB_THREADS ?= 8
 
-.PHONY: run test install lint typecheck clean
+.PHONY: run test install lint typecheck clean compare
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ run: install .env
 
 test: install
 	$(PY) -m pytest
+
+# Every strategy through the direct bench and Locust next to this machine's ceilings; writes
+# reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
+COMPARE_ARGS ?=
+compare: install .env
+	$(PY) manage.py create_database
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py compare $(COMPARE_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
