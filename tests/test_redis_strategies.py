@@ -1,5 +1,6 @@
 """redis_queue and redis_counter beyond the contract: failures, data loss, audit, amounts, TTL."""
 
+import secrets
 import threading
 import time
 from datetime import timedelta
@@ -19,7 +20,7 @@ from redpack.money import from_cents, to_cents
 from strategies import registry
 from strategies.base import Outcome
 from strategies.lua import script
-from strategies.redis_state import Keys
+from strategies.redis_state import Keys, now_ms
 
 from .contract.harness import grab_concurrently
 
@@ -210,6 +211,37 @@ def test_redis_counter_draws_in_lua_like_the_allocation_module(
         remaining -= cents
     assert remaining == 0
     assert audited(activity) == []
+
+
+DRAWS = 1000
+
+
+@pytest.mark.parametrize(
+    ("allocation", "remaining", "count", "mean", "deviation"),
+    [
+        ("double_average", 100, 4, 25.5, 14.43),  # uniform in [1, 50]
+        ("line_segment", 100, 4, 25.0, 18.98),  # smallest of 3 cuts among 99 (Floyd's sampling)
+        ("line_segment", 100, 31, 100 / 31, 2.61),  # smallest of 30 cuts among 99 (the walk)
+    ],
+)
+def test_redis_counter_first_draw_has_the_allocations_mean(
+    allocation, remaining, count, mean, deviation
+):
+    """Bounds alone would let a skewed draw pass: the mean of many first draws, within 5 SE.
+
+    The means are exact ((n + 1) / (k + 1) for the smallest of k cuts among n), the standard
+    deviations those of allocation.draw() measured over 200,000 draws."""
+    keys = Keys(990001).ordered()
+    draws = []
+    for user_id in range(DRAWS):
+        far = now_ms() + 60_000
+        script("install")(keys=keys, args=["e", "open", far, far, allocation, count, remaining, 0])
+        reply = script("counter_grab")(
+            keys=keys, args=[user_id, now_ms(), secrets.randbelow(2**31)]
+        )
+        draws.append(int(reply[1]))
+    assert min(draws) >= 1 and max(draws) <= remaining - (count - 1)
+    assert abs(sum(draws) / DRAWS - mean) < 5 * deviation / DRAWS**0.5
 
 
 @pytest.mark.django_db(transaction=True)

@@ -19,7 +19,17 @@ local function draw(allocation, remaining, count)
     return math.random(1, math.max(1, math.min(math.floor(2 * remaining / count), ceiling)))
   elseif allocation == 'line_segment' then
     -- The first segment of a random cut of [0, remaining] into `count` parts: the smallest of
-    -- count-1 distinct cut points in 1 .. remaining-1, sampled by Floyd's algorithm.
+    -- k = count-1 distinct cut points among n = remaining-1. Whichever is shorter: walk up from
+    -- 1 (given no cut below m, m is a cut with probability k / (n - m + 1); about n / (k + 1)
+    -- steps), or sample the k points by Floyd's algorithm (k steps).
+    local n, k = remaining - 1, count - 1
+    if n / (k + 1) < k then
+      local m = 1
+      while math.random() * (n - m + 1) >= k do
+        m = m + 1
+      end
+      return m
+    end
     local points, smallest = {}, remaining
     for j = remaining - count + 1, remaining - 1 do
       local cut = math.random(1, j)
