@@ -48,6 +48,7 @@ class RedisQueueStrategy(RedisStateStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         give_up = time.monotonic() + DUPLICATE_WAIT_SECONDS
+        pause = 0.005
         while True:
             outcome, mark, epoch = self.run_grab("queue_grab", activity_id, user_id)
             if outcome == "grabbed":
@@ -64,7 +65,10 @@ class RedisQueueStrategy(RedisStateStrategy):
                 return GrabResult(Outcome.ALREADY_GRABBED, to_cents(held))
             if time.monotonic() >= give_up:
                 return GrabResult(Outcome.CONTENDED)
-            time.sleep(0.01)  # the first click is still writing MySQL, or giving its packet back
+            # The first click is still writing MySQL (or giving its packet back): back off, so
+            # repeated clicks do not pile queries on the database the first one is waiting for.
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
 
 
 def take_packet(activity_id: int, user_id: int, cents: int, packet_id: int | None) -> None:
