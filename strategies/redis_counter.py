@@ -19,6 +19,7 @@ transaction per winner; after sell-out, one GET (a winner clicking again then he
 
 import logging
 import secrets
+from typing import cast
 
 from redis.exceptions import LockError
 
@@ -46,7 +47,7 @@ class RedisCounterStrategy(RedisStateStrategy):
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         keys = Keys(activity_id)
         client = redis_client()
-        left = client.get(keys.count)
+        left = cast(bytes | None, client.get(keys.count))
         if left is not None and int(left) <= 0:
             return GrabResult(Outcome.SOLD_OUT)
         lock = client.lock(

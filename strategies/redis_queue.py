@@ -72,6 +72,7 @@ class RedisQueueStrategy(RedisStateStrategy):
 
 
 def take_packet(activity_id: int, user_id: int, cents: int, packet_id: int | None) -> None:
+    assert packet_id is not None  # every entry of the packet list names its packet
     GrabDetail.objects.create(
         activity_id=activity_id, user_id=user_id, amount=from_cents(cents), redpack_id=packet_id
     )

@@ -146,7 +146,7 @@ class RedisStateStrategy(GrabStrategy):
             )
 
     def run_grab(
-        self, name: str, activity_id: int, user_id: int, *extra: object
+        self, name: str, activity_id: int, user_id: int, *extra: int
     ) -> tuple[str, str | None, str | None]:
         """Run a grab script: (outcome, mark, epoch of the state it ran on)."""
         reply = script(name)(keys=Keys(activity_id).ordered(), args=[user_id, now_ms(), *extra])
@@ -236,7 +236,7 @@ class RedisStateStrategy(GrabStrategy):
         """Close in Redis (grabs answer `closed` from then on), then in MySQL.
 
         Grabs that won in Redis just before may still be writing MySQL (or giving back): what is
-        left is known once Redis and MySQL agree on it, which takes one such write at most.
+        left is known once Redis and MySQL agree on it, when the last of those writes is done.
         """
         keys = Keys(activity_id).ordered()
         give_up = time.monotonic() + CLOSE_SETTLE_SECONDS
@@ -266,9 +266,12 @@ class RedisStateStrategy(GrabStrategy):
     def audit(self, activity: Activity) -> list[str]:
         """Every difference between the activity's Redis state and MySQL."""
         keys = Keys(activity.pk)
-        meta_pairs, count, grabbed_pairs, packet_list, ttls = script("snapshot")(
-            keys=keys.ordered()
-        )
+        try:
+            meta_pairs, count, grabbed_pairs, packet_list, ttls = script("snapshot")(
+                keys=keys.ordered()
+            )
+        except RedisError as exc:
+            return [f"cannot read the Redis state: {exc}"]
         if not meta_pairs:
             grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
             if (

@@ -31,7 +31,9 @@ def redis_client() -> Redis | RedisCluster:
 @cache
 def script(name: str) -> Script:
     """The script strategies/lua/<name>.lua, registered on the current client."""
-    return redis_client().register_script((SCRIPTS / f"{name}.lua").read_text())
+    client = redis_client()
+    # RedisCluster has register_script too; redis-py's annotations only name Redis.
+    return client.register_script((SCRIPTS / f"{name}.lua").read_text())  # type: ignore[misc]
 
 
 @receiver(setting_changed)

@@ -18,21 +18,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--activity", type=int, help="Rebuild only this activity id.")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, activity: int | None, **options: object) -> None:
         redis_strategies = {
             name: candidate
             for name in registry.names()
             if isinstance(candidate := registry.get(name), RedisStateStrategy)
         }
         activities = Activity.objects.filter(strategy__in=redis_strategies).order_by("pk")
-        if options["activity"] is not None:
-            activities = Activity.objects.filter(pk=options["activity"])
-            activity = activities.first()
-            if activity is None:
-                raise CommandError(f"activity {options['activity']} does not exist")
-            if activity.strategy not in redis_strategies:
+        if activity is not None:
+            activities = Activity.objects.filter(pk=activity)
+            strategy = activities.values_list("strategy", flat=True).first()
+            if strategy is None:
+                raise CommandError(f"activity {activity} does not exist")
+            if strategy not in redis_strategies:
                 raise CommandError(
-                    f"activity {activity.pk} uses {activity.strategy!r}, which keeps no Redis state"
+                    f"activity {activity} uses {strategy!r}, which keeps no Redis state"
                 )
         else:
             # Older state would expire at once: its keys live until expiry plus the grace.
@@ -41,7 +41,7 @@ class Command(BaseCommand):
                 status=ActivityStatus.OPEN, expires_at__gt=timezone.now() - grace
             )
         rebuilt = 0
-        for activity_id, strategy in activities.values_list("pk", "strategy").iterator():
-            redis_strategies[strategy].install(activity_id)
+        for activity_id, name in activities.values_list("pk", "strategy").iterator():
+            redis_strategies[name].install(activity_id)
             rebuilt += 1
         self.stdout.write(f"rebuilt the Redis state of {rebuilt} activities")
