@@ -79,7 +79,8 @@ def parse_mark(text: str) -> tuple[int, int | None]:
 
 
 class PacketTaken(Exception):
-    """MySQL holds the popped packet as taken already: Redis and MySQL disagreed."""
+    """MySQL does not hold the popped packet as available (or not at that amount): Redis and
+    MySQL disagreed, so the packet is not given back to the list."""
 
 
 Write = Callable[[int, int, int, int | None], None]  # (activity_id, user_id, cents, packet_id)
@@ -192,7 +193,7 @@ class RedisStateStrategy(GrabStrategy):
         except PacketTaken:
             self.release(activity_id, user_id, mark_text, epoch, restore=False)
             logger.warning(
-                "activity %s: packet %s was in Redis but is taken in MySQL; "
+                "activity %s: packet %s was in Redis but is not available in MySQL; "
                 "run `manage.py redis_rebuild --activity %s`",
                 activity_id,
                 packet_id,
