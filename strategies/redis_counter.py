@@ -1,25 +1,25 @@
 """A remaining counter, a per-user lock and one Lua script (seed 000, done right).
 
 Send: nothing is cut; rp:{id}:count holds the packets left and the meta the cents left, written
-when the send commits. Grab: GET the counter without a lock and answer `sold_out` at zero, which
-turns away most clicks of a popular activity; take the user's lock (redis-py Lock on
-rp:{id}:lock:<user>); one EVALSHA (lua/counter_grab.lua) checks closed and expired, dedupes,
-checks the counter again, draws the amount from what is left (the activity's allocation, in
-Lua, on integer cents), records user -> amount and decrements, atomically: no window between
-"won" and "how much". Then one MySQL transaction writes the detail row and decrements the
-surplus before the answer; if it fails, lua/release.lua gives the amount back and removes the
-mark in one step, and the user may retry.
+when the send commits. Grab: a read-only pre-check without any lock (lua/counter_precheck.lua:
+closed or expired? counter at zero?) turns away most clicks of a popular activity; the others
+take the user's lock (redis-py Lock on rp:{id}:lock:<user>) and run one EVALSHA
+(lua/counter_grab.lua) that checks closed and expired, dedupes, checks the counter again, draws
+the amount from what is left (the activity's allocation, in Lua, on integer cents), records
+user -> amount and decrements, atomically: no window between "won" and "how much". Then one
+MySQL transaction writes the detail row and decrements the surplus before the answer; if it
+fails, lua/release.lua gives the amount back and removes the mark in one step, and the user may
+retry.
 
 What it locks: one user's clicks, in Redis, from the script to the end of the MySQL write. That
 is the lock's job: a repeated click waits for the first one to finish, so `already_grabbed` is
-answered from Redis and is always a committed grab. What it checks twice: the counter, lock-free
-then inside the script. Round trips: GET, SET NX, EVALSHA, the unlock script, plus one MySQL
-transaction per winner; after sell-out, one GET (a winner clicking again then hears `sold_out`).
+answered from Redis and is always a committed grab. What it checks twice: the counter and the
+status, lock-free then inside the script. Round trips: pre-check, SET NX, EVALSHA, the unlock
+script, plus one MySQL transaction per winner; once sold out or closed, the pre-check alone.
 """
 
 import logging
 import secrets
-from typing import cast
 
 from redis.exceptions import LockError
 
@@ -27,8 +27,8 @@ from redpack.models import GrabDetail
 from redpack.money import from_cents
 
 from .base import GrabResult, Outcome
-from .lua import redis_client
-from .redis_state import Keys, RedisStateStrategy
+from .lua import redis_client, script
+from .redis_state import Keys, RedisStateStrategy, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,12 @@ class RedisCounterStrategy(RedisStateStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         keys = Keys(activity_id)
+        precheck = script("counter_precheck")(
+            keys=keys.ordered(), args=[user_id, now_ms()]
+        ).decode()
+        if precheck != "go":
+            return GrabResult(Outcome(precheck))
         client = redis_client()
-        left = cast(bytes | None, client.get(keys.count))
-        if left is not None and int(left) <= 0:
-            return GrabResult(Outcome.SOLD_OUT)
         lock = client.lock(
             keys.lock(user_id),
             timeout=LOCK_TTL_SECONDS,

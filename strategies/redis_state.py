@@ -56,10 +56,6 @@ class Keys:
     def tag(self) -> str:
         return f"rp:{{{self.activity_id}}}:"
 
-    @property
-    def count(self) -> str:
-        return f"{self.tag}count"
-
     def ordered(self) -> list[str]:
         """The KEYS of every script, in this order."""
         return [f"{self.tag}{part}" for part in ("meta", "count", "grabbed", "packets")]

@@ -84,6 +84,23 @@ def test_failed_mysql_write_gives_everything_back_and_the_user_may_retry(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
+def test_refusals_come_in_the_order_of_the_contract(strategy, make_users, sender):
+    """closed, then already_grabbed, then sold_out (strategies.base.refusal), lock-free or not."""
+    winner, late, later = make_users(3)
+    activity = send(sender, strategy, "1.00", 1)
+    won = services.grab(activity_id=activity.pk, user_id=winner.pk)
+    assert won.outcome is Outcome.GRABBED
+
+    again = services.grab(activity_id=activity.pk, user_id=winner.pk)
+    assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, won.amount_cents)
+    assert services.grab(activity_id=activity.pk, user_id=late.pk).outcome is Outcome.SOLD_OUT
+    registry.get(strategy).close(activity_id=activity.pk)
+    for user in (winner, late, later):
+        assert services.grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.CLOSED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
 def test_flushdb_mid_run_then_redis_rebuild_keeps_every_invariant(strategy, make_users, sender):
     users = make_users(120)
     activity = send(sender, strategy, "100.00", 60)
@@ -159,7 +176,7 @@ def test_audit_names_what_differs_between_redis_counter_and_mysql(make_users, se
     redis = get_redis_connection("default")
     redis.hset(f"{keys.tag}grabbed", users[0].pk, 999)  # above any first draw of 10.00 / 4
     redis.hset(f"{keys.tag}grabbed", users[1].pk, 150)
-    redis.incr(keys.count)
+    redis.incr(f"{keys.tag}count")
 
     violations = " ".join(audited(activity))
     shown = from_cents(grabbed.amount_cents)
