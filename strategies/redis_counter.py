@@ -43,6 +43,18 @@ class RedisCounterStrategy(RedisStateStrategy):
         "A lock-free counter turns away the late clicks; a per-user lock and one EVALSHA draw "
         "the amount; MySQL takes only the winners' writes."
     )
+    # The grab script alone, with a fixed seed (the pre-check and the lock are round trips more).
+    ceiling_script = (
+        "counter_grab.lua",
+        "4",
+        "rp:{$activity}:meta",
+        "rp:{$activity}:count",
+        "rp:{$activity}:grabbed",
+        "rp:{$activity}:packets",
+        "$user",
+        "$now_ms",
+        "12345",
+    )
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         keys = Keys(activity_id)

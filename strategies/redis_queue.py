@@ -35,6 +35,16 @@ class RedisQueueStrategy(RedisStateStrategy):
         "One atomic EVALSHA pops a pre-split packet; MySQL takes only the winners' writes, "
         "which serialize on the activity row."
     )
+    ceiling_script = (
+        "queue_grab.lua",
+        "4",
+        "rp:{$activity}:meta",
+        "rp:{$activity}:count",
+        "rp:{$activity}:grabbed",
+        "rp:{$activity}:packets",
+        "$user",
+        "$now_ms",
+    )
 
     def prepare(self, activity: Activity) -> None:
         amounts = allocation.split(
