@@ -5,10 +5,10 @@ from django.http import HttpRequest
 
 from strategies import registry
 
-from . import expiry, services
+from . import expiry, persist, services
 from .allocation import Allocation
 from .errors import RedpackError
-from .models import Activity, GrabDetail, Refund
+from .models import Activity, GrabDetail, PersistFailure, PersistFailureStatus, Refund
 
 
 class ActivitySendForm(forms.ModelForm):
@@ -100,7 +100,19 @@ class ActivityAdmin(admin.ModelAdmin):
         "version",
         "created_at",
         "expires_at",
+        "waiting_to_persist",
     ]
+
+    @admin.display(description="waiting to persist")
+    def waiting_to_persist(self, activity: Activity) -> str:
+        """redis_queue_async: grabs answered but not yet in MySQL (its persist stream)."""
+        if activity.strategy not in persist.asynchronous_strategies():
+            return "— (written before the answer)"
+        try:
+            waiting = persist.waiting(activity.pk)
+        except Exception as exc:  # noqa: BLE001 - shown, not fatal: the page is still useful
+            return f"unknown: {exc}"
+        return f"{waiting} in Redis, {persist.dead_letters(activity.pk)} failed"
 
     @admin.display(description="refunded")
     def refunded(self, activity: Activity) -> str:
@@ -182,4 +194,76 @@ class RefundAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(PersistFailure)
+class PersistFailureAdmin(admin.ModelAdmin):
+    """redis_queue_async's grabs that failed to reach MySQL on their own, dead letters first."""
+
+    actions = ["retry"]
+    list_display = [
+        "id",
+        "activity",
+        "user_id",
+        "amount",
+        "packet_id",
+        "status",
+        "attempts",
+        "last_failed_at",
+        "short_error",
+    ]
+    list_filter = ["status"]
+    search_fields = ["activity__id", "user_id", "entry_id"]
+    readonly_fields = [
+        "activity",
+        "entry_id",
+        "payload",
+        "user_id",
+        "amount",
+        "packet_id",
+        "status",
+        "attempts",
+        "error",
+        "first_failed_at",
+        "last_failed_at",
+        "resolved_at",
+    ]
+
+    def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).order_by("status", "-last_failed_at")
+
+    @admin.display(description="error")
+    def short_error(self, failure: PersistFailure) -> str:
+        return failure.error if len(failure.error) <= 80 else f"{failure.error[:79]}…"
+
+    @admin.action(description="Retry: write these grabs to MySQL now", permissions=["retry"])
+    def retry(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
+        done = 0
+        for failure in queryset.exclude(status=PersistFailureStatus.RESOLVED):
+            error = persist.retry_failure(failure.pk)
+            if error is None:
+                done += 1
+            else:
+                self.message_user(request, f"{failure}: {error}", messages.ERROR)
+        self.message_user(request, f"{done} grabs written to MySQL.")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("redpack.retry_persistfailure")
+
+    def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
+        try:
+            lag: dict[str, object] = dict(persist.lag())
+        except Exception as exc:  # noqa: BLE001 - shown on the page
+            lag = {"error": str(exc)}
+        context = {"persist_lag": lag, "unresolved": persist.dead_letters()}
+        return super().changelist_view(request, extra_context={**context, **(extra_context or {})})
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

@@ -138,3 +138,45 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"refund of {self.amount} ({self.count} packets) for activity {self.activity_id}"
+
+
+class PersistFailureStatus(models.TextChoices):
+    RETRYING = "retrying"  # still in the persist stream; the persister tries it again
+    DEAD = "dead"  # left the stream after too many attempts; only a retry from the admin helps
+    RESOLVED = "resolved"  # in MySQL now
+
+
+class PersistFailure(models.Model):
+    """A grab of redis_queue_async that failed to reach MySQL on its own (redpack/persist.py).
+
+    The user was told `grabbed`: until the grab is in MySQL, its activity is not settled and is
+    not refunded. One row per stream entry, however often it failed.
+    """
+
+    activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="+")
+    entry_id = models.CharField(max_length=40)  # the stream entry's id, e.g. 1700000000000-0
+    payload = models.JSONField()  # the stream entry's fields as the grab wrote them
+    user_id = models.BigIntegerField()  # no foreign key: a missing user can be the failure
+    amount = money_field()
+    packet_id = models.BigIntegerField(null=True)
+    error = models.TextField()
+    attempts = models.PositiveIntegerField(default=0)
+    status = models.CharField(
+        max_length=10,
+        choices=PersistFailureStatus.choices,
+        default=PersistFailureStatus.RETRYING,
+    )
+    first_failed_at = models.DateTimeField(auto_now_add=True)
+    last_failed_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "t_redpack_persist_failure"
+        permissions = [("retry_persistfailure", "Can retry a grab that failed to persist")]
+        indexes = [models.Index(fields=["status", "activity"], name="persist_failure_status")]
+        constraints = [
+            models.UniqueConstraint(fields=["activity", "entry_id"], name="persist_failure_entry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"grab {self.entry_id} of activity {self.activity_id} by user {self.user_id}"

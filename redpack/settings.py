@@ -121,7 +121,9 @@ CACHES = {
     }
 }
 
-# Celery: the broker lives in another Redis database than the packet state.
+# Celery: the broker lives in another Redis database than the packet state. Every task is
+# idempotent (redpack/tasks.py), so it is acknowledged only once it ran (acks_late) and a
+# worker takes one message at a time. JSON only. Exactly one beat runs (docker-compose.yml).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/1")
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
@@ -133,9 +135,33 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# redis_queue_async's persister (redpack/persist.py): how often beat starts a persist run, how
+# long one run may go on, grabs per MySQL transaction, after how long a grab delivered to a
+# consumer that never acknowledged it is taken over, and after how many failures of its own a
+# grab goes to the dead letters.
+REDPACK_PERSIST_INTERVAL = env.float("REDPACK_PERSIST_INTERVAL", default=0.5)
+REDPACK_PERSIST_RUN_SECONDS = env.float("REDPACK_PERSIST_RUN_SECONDS", default=20.0)
+REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
+REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
+REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
+REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
+# Fault tests only: "before_commit:<seconds>" or "before_ack:<seconds>" makes every persist
+# batch sleep there, so a test can SIGKILL the persister at that point.
+REDPACK_PERSIST_FAULT_PAUSE = env.str("REDPACK_PERSIST_FAULT_PAUSE", default="")
 CELERY_BEAT_SCHEDULE = {
     "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
     "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+    # A run that has not started within a few intervals is dropped: the next one does its work.
+    "persist-grabs": {
+        "task": "redpack.tasks.persist_grabs",
+        "schedule": REDPACK_PERSIST_INTERVAL,
+        "options": {"expires": 10 * REDPACK_PERSIST_INTERVAL},
+    },
+    "reclaim-grabs": {
+        "task": "redpack.tasks.reclaim_grabs",
+        "schedule": REDPACK_PERSIST_RECLAIM_INTERVAL,
+        "options": {"expires": 10 * REDPACK_PERSIST_RECLAIM_INTERVAL},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -194,6 +220,7 @@ REDPACK_STRATEGIES = {
     "pessimistic": "strategies.pessimistic.PessimisticStrategy",
     "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
     "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
+    "redis_queue_async": "strategies.redis_queue_async.RedisQueueAsyncStrategy",
 }
 # Strategies marked unsafe (they oversell under contention) are refused unless this is on.
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
@@ -218,10 +245,35 @@ REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
 # Their keys expire this many seconds after the activity does (or after it closes).
 REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 
+# redpack.persist.failures logs one JSON object per grab that failed to persist (seed 001's
+# redpack.persist.log); PERSIST_FAILURE_LOG sends those lines to a file of their own as well.
+PERSIST_FAILURE_LOG = env.str("PERSIST_FAILURE_LOG", default="")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "line": {"format": "%(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        **(
+            {
+                "persist_failures": {
+                    "class": "logging.handlers.WatchedFileHandler",
+                    "filename": PERSIST_FAILURE_LOG,
+                    "formatter": "line",
+                }
+            }
+            if PERSIST_FAILURE_LOG
+            else {}
+        ),
+    },
+    "loggers": {
+        "redpack.persist.failures": {
+            "handlers": ["console", *(["persist_failures"] if PERSIST_FAILURE_LOG else [])],
+            "propagate": False,
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }

@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.conf import settings
 
-from . import expiry
+from . import expiry, persist
 
 
 @shared_task(ignore_result=True)
@@ -35,3 +35,20 @@ def refund_activity(activity_id: int) -> None:
 def sweep_overdue() -> int:
     """Every minute: put back into the ZSET any overdue activity that Redis lost."""
     return expiry.sweep()
+
+
+# The persister's runs stop by themselves well within these limits (REDPACK_PERSIST_RUN_SECONDS);
+# a run cut short leaves its batch pending, and the reclaim run takes it over.
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=150)
+def persist_grabs() -> int:
+    """Every REDPACK_PERSIST_INTERVAL: move new grabs of redis_queue_async to MySQL."""
+    return persist.persist_all(run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS)
+
+
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=150)
+def reclaim_grabs() -> int:
+    """Every REDPACK_PERSIST_RECLAIM_INTERVAL: persist grabs a dead consumer left pending."""
+    return persist.reclaim_all(
+        min_idle_seconds=settings.REDPACK_PERSIST_RECLAIM_SECONDS,
+        run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS,
+    )

@@ -15,6 +15,7 @@ plus one MySQL transaction per winner (≤ total count); losers never touch MySQ
 """
 
 import time
+from typing import ClassVar
 
 from django.db.models import F
 
@@ -35,7 +36,7 @@ class RedisQueueStrategy(RedisStateStrategy):
         "One atomic EVALSHA pops a pre-split packet; MySQL takes only the winners' writes, "
         "which serialize on the activity row."
     )
-    ceiling_script = (
+    ceiling_script: ClassVar[tuple[str, ...] | None] = (
         "queue_grab.lua",
         "4",
         "rp:{$activity}:meta",

@@ -2,11 +2,14 @@
 
 Keys of one activity share the hash tag `rp:{<id>}:`, so every script touches one slot and runs
 unchanged on Redis Cluster: `rp:{42}:meta`, `rp:{42}:count`, `rp:{42}:grabbed`,
-`rp:{42}:packets` (lua/install.lua describes each) and the per-user locks `rp:{42}:lock:<user>`.
+`rp:{42}:packets` (lua/install.lua describes each), the per-user locks `rp:{42}:lock:<user>`
+and redis_queue_async's persist stream `rp:{42}:persist`.
 
 MySQL is the source of truth: a grab is answered `grabbed` only once its MySQL transaction
 committed, so the Redis state can always be rebuilt from MySQL (`install`, on send and by
 `manage.py redis_rebuild`), and the auditor can name every difference between the two.
+(redis_queue_async answers first and writes later: for it, MySQL plus the grabs still in its
+persist stream are the truth; see `recorded`.)
 Every key expires REDPACK_REDIS_STATE_GRACE seconds after the activity does (sooner once
 closed); without its state, a grab answers from the activity row: `closed`, or `contended`
 while an open activity waits for a rebuild.
@@ -60,8 +63,17 @@ class Keys:
         """The KEYS of every script, in this order."""
         return [f"{self.tag}{part}" for part in ("meta", "count", "grabbed", "packets")]
 
+    @property
+    def meta(self) -> str:
+        return f"{self.tag}meta"
+
     def lock(self, user_id: int) -> str:
         return f"{self.tag}lock:{user_id}"
+
+    @property
+    def persist(self) -> str:
+        """redis_queue_async's stream of grabs on their way to MySQL."""
+        return f"{self.tag}persist"
 
 
 def mark(cents: int, packet_id: int | None) -> str:
@@ -82,8 +94,48 @@ class PacketTaken(Exception):
 Write = Callable[[int, int, int, int | None], None]  # (activity_id, user_id, cents, packet_id)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """One activity's Redis state read in one atomic step (lua/snapshot.lua)."""
+
+    meta: dict[str, str]
+    count: int | None
+    grabbed: dict[str, str]  # user id -> mark
+    packets: list[str]
+    ttls: list[int]  # of each key, in order: -2 missing, -1 no expiry
+    stream: list[tuple[str, dict[str, str]]]  # the persist stream's entries, when it was read
+
+    @classmethod
+    def read(cls, keys: list[str]) -> "Snapshot":
+        meta, count, grabbed, packets, ttls, *stream = script("snapshot")(keys=keys)
+        return cls(
+            meta=_pairs(meta),
+            count=None if count is None else int(count),
+            grabbed=_pairs(grabbed),
+            packets=[entry.decode() for entry in packets],
+            ttls=[int(ttl) for ttl in ttls],
+            stream=[(entry_id.decode(), _pairs(fields)) for entry_id, fields in stream[0]]
+            if stream
+            else [],
+        )
+
+
+@dataclass
+class Recorded:
+    """What Redis must agree with, in Redis's terms: MySQL's grabs, packets and what is left."""
+
+    grabs: dict[str, str]  # user id -> mark
+    count: int
+    cents: int
+    available: Counter[str]  # packets not yet taken, as marks
+
+
 class RedisStateStrategy(GrabStrategy):
     """A grab is decided by one Lua script in Redis, then written to MySQL before the answer."""
+
+    def state_keys(self, activity_id: int) -> list[str]:
+        """The KEYS every script of this strategy gets."""
+        return Keys(activity_id).ordered()
 
     def prepare(self, activity: Activity) -> None:
         """Write the Redis state once the send commits; prepare() runs inside that transaction."""
@@ -103,11 +155,12 @@ class RedisStateStrategy(GrabStrategy):
 
         transaction.on_commit(install)
 
-    def install(self, activity_id: int) -> None:
+    def install(self, activity_id: int) -> bool:
         """(Re)write the activity's Redis state from MySQL. Idempotent.
 
         The activity row stays locked meanwhile: every grab's transaction updates that row, so
-        none commits between reading MySQL and writing Redis.
+        none commits between reading MySQL and writing Redis. False when the script refused
+        (redis_queue_async: grabs are still on their way to MySQL).
         """
         with transaction.atomic():
             activity = Activity.objects.select_for_update().get(pk=activity_id)
@@ -126,8 +179,8 @@ class RedisStateStrategy(GrabStrategy):
                 .values_list("pk", "amount")
             ]
             expires_ms = epoch_ms(activity.expires_at)
-            script("install")(
-                keys=Keys(activity_id).ordered(),
+            installed = script("install")(
+                keys=self.state_keys(activity_id),
                 args=[
                     secrets.token_hex(8),
                     "open" if activity.status == ActivityStatus.OPEN else "closed",
@@ -141,12 +194,13 @@ class RedisStateStrategy(GrabStrategy):
                     *packets,
                 ],
             )
+        return bool(installed)
 
     def run_grab(
         self, name: str, activity_id: int, user_id: int, *extra: int
     ) -> tuple[str, str | None, str | None]:
         """Run a grab script: (outcome, mark, epoch of the state it ran on)."""
-        reply = script(name)(keys=Keys(activity_id).ordered(), args=[user_id, now_ms(), *extra])
+        reply = script(name)(keys=self.state_keys(activity_id), args=[user_id, now_ms(), *extra])
         outcome, mark_text, epoch = [part.decode() for part in reply] + [None] * (3 - len(reply))
         return outcome, mark_text, epoch
 
@@ -262,14 +316,12 @@ class RedisStateStrategy(GrabStrategy):
 
     def audit(self, activity: Activity) -> list[str]:
         """Every difference between the activity's Redis state and MySQL."""
-        keys = Keys(activity.pk)
+        keys = self.state_keys(activity.pk)
         try:
-            meta_pairs, count, grabbed_pairs, packet_list, ttls = script("snapshot")(
-                keys=keys.ordered()
-            )
+            state = Snapshot.read(keys)
         except RedisError as exc:
             return [f"cannot read the Redis state: {exc}"]
-        if not meta_pairs:
+        if not state.meta:
             grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
             if (
                 activity.status == ActivityStatus.OPEN
@@ -277,26 +329,46 @@ class RedisStateStrategy(GrabStrategy):
             ):
                 return [f"Redis holds no state for open activity {activity.pk}"]
             return []  # expired with its activity, or lost after the close: MySQL is the record
-        meta = _pairs(meta_pairs)
         differences: list[str] = []
-        redis_status = meta["status"]
+        redis_status = state.meta["status"]
         mysql_open = activity.status == ActivityStatus.OPEN
         if (redis_status == "open") != mysql_open:
             differences.append(
                 f"activity is {activity.status} in MySQL but {redis_status} in Redis"
             )
-        differences += _grab_differences(activity, _pairs(grabbed_pairs))
+        recorded = self.recorded(activity, state)
+        differences += _grab_differences(recorded.grabs, state.grabbed)
         if activity.status != ActivityStatus.REFUNDED:  # a refund empties MySQL, not Redis
-            differences += _left_differences(activity, meta, count, packet_list)
-        differences += [
-            f"{key} never expires"
-            for key, ttl in zip(keys.ordered(), ttls, strict=True)
-            if ttl == -1
-        ]
+            differences += _left_differences(recorded, state)
+        differences += self.ttl_differences(keys, state)
         if len(differences) > MAX_DIFFERENCES:
             more = len(differences) - MAX_DIFFERENCES
             differences = [*differences[:MAX_DIFFERENCES], f"and {more} more differences"]
         return differences
+
+    def recorded(self, activity: Activity, state: Snapshot) -> Recorded:
+        """What MySQL holds for the activity, which Redis must match."""
+        return Recorded(
+            grabs={
+                str(user_id): mark(to_cents(amount), packet_id)
+                for user_id, amount, packet_id in GrabDetail.objects.filter(
+                    activity=activity
+                ).values_list("user_id", "amount", "redpack_id")
+            },
+            count=activity.surplus_count,
+            cents=to_cents(activity.surplus_amount),
+            available=Counter(
+                mark(to_cents(amount), packet_id)
+                for packet_id, amount in Packet.objects.filter(
+                    activity=activity, status=PacketStatus.AVAILABLE
+                ).values_list("pk", "amount")
+            ),
+        )
+
+    def ttl_differences(self, keys: list[str], state: Snapshot) -> list[str]:
+        return [
+            f"{key} never expires" for key, ttl in zip(keys, state.ttls, strict=True) if ttl == -1
+        ]
 
 
 def _pairs(flat: list[bytes]) -> dict[str, str]:
@@ -310,42 +382,26 @@ def _show(mark_text: str | None) -> str:
     return f"{from_cents(cents)}" + ("" if packet_id is None else f" (packet {packet_id})")
 
 
-def _grab_differences(activity: Activity, in_redis: dict[str, str]) -> list[str]:
-    in_mysql = {
-        str(user_id): mark(to_cents(amount), packet_id)
-        for user_id, amount, packet_id in GrabDetail.objects.filter(activity=activity).values_list(
-            "user_id", "amount", "redpack_id"
-        )
-    }
+def _grab_differences(recorded: dict[str, str], in_redis: dict[str, str]) -> list[str]:
     return [
-        f"user {user} has {_show(in_mysql.get(user))} in MySQL but {_show(in_redis.get(user))} "
+        f"user {user} has {_show(recorded.get(user))} in MySQL but {_show(in_redis.get(user))} "
         f"in Redis"
-        for user in sorted(in_mysql.keys() | in_redis.keys(), key=int)
-        if in_mysql.get(user) != in_redis.get(user)
+        for user in sorted(recorded.keys() | in_redis.keys(), key=int)
+        if recorded.get(user) != in_redis.get(user)
     ]
 
 
-def _left_differences(
-    activity: Activity, meta: dict[str, str], count: bytes | None, packet_list: list[bytes]
-) -> list[str]:
+def _left_differences(recorded: Recorded, state: Snapshot) -> list[str]:
     differences = []
-    redis_count = None if count is None else int(count)
-    if redis_count != activity.surplus_count:
+    if state.count != recorded.count:
+        differences.append(f"{recorded.count} packets left in MySQL but {state.count} in Redis")
+    redis_cents = int(state.meta["remaining_cents"])
+    if redis_cents != recorded.cents:
         differences.append(
-            f"{activity.surplus_count} packets left in MySQL but {redis_count} in Redis"
+            f"{from_cents(recorded.cents)} left in MySQL but {from_cents(redis_cents)} in Redis"
         )
-    redis_cents = int(meta["remaining_cents"])
-    if redis_cents != to_cents(activity.surplus_amount):
-        differences.append(
-            f"{activity.surplus_amount} left in MySQL but {from_cents(redis_cents)} in Redis"
-        )
-    available = Counter(
-        mark(to_cents(amount), packet_id)
-        for packet_id, amount in Packet.objects.filter(
-            activity=activity, status=PacketStatus.AVAILABLE
-        ).values_list("pk", "amount")
-    )
-    listed = Counter(entry.decode() for entry in packet_list)
+    available = recorded.available
+    listed = Counter(state.packets)
     for entry in sorted(available.keys() | listed.keys()):
         if available[entry] == listed[entry]:
             continue

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
 
-from redpack import services
+from redpack import persist, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
@@ -150,7 +150,8 @@ class StrategyListView(APIView):
 
 
 def healthz(request: Request) -> JsonResponse:
-    """Database and Redis reachability; 503 when either is down."""
+    """Database and Redis reachability (503 when either is down), and redis_queue_async's
+    persist lag: grabs answered but not yet in MySQL, and the oldest one's age."""
     checks: dict[str, str] = {}
     try:
         with connection.cursor() as cursor:
@@ -164,6 +165,13 @@ def healthz(request: Request) -> JsonResponse:
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {exc}"
     healthy = all(v == "ok" for v in checks.values())
+    lag: dict[str, object] = {"error": "Redis is down"}
+    if checks["redis"] == "ok":
+        try:
+            lag = dict(persist.lag())
+        except Exception as exc:  # noqa: BLE001 - reported as text, like the checks
+            lag = {"error": str(exc)}
     return JsonResponse(
-        {"status": "ok" if healthy else "down", "checks": checks}, status=200 if healthy else 503
+        {"status": "ok" if healthy else "down", "checks": checks, "persist": lag},
+        status=200 if healthy else 503,
     )

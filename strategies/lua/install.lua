@@ -7,11 +7,14 @@
 -- KEYS[2] count    string: packets remaining (the counter)
 -- KEYS[3] grabbed  hash: user_id -> mark, "cents" or "cents:packet_id"
 -- KEYS[4] packets  list: "cents:packet_id" still to grab, popped from the head (redis_queue)
+-- KEYS[5] persist  stream (redis_queue_async only): grabs not yet in MySQL. While it holds any,
+--                  MySQL is not the whole truth: nothing is installed and 0 is returned. It is
+--                  never deleted here (its consumer group lives on it).
 -- ARGV[1] epoch (new random token), ARGV[2] status, ARGV[3] expires_ms, ARGV[4] deadline_ms
 --         (every key expires then), ARGV[5] allocation, ARGV[6] remaining count,
 --         ARGV[7] remaining cents, ARGV[8] G = number of grabbed users,
 --         ARGV[9 .. 8+2G] user_id, mark pairs, ARGV[9+2G ..] the packets in pop order
--- Returns: 1
+-- Returns: 1, or 0 when refused (see KEYS[5])
 
 local CHUNK = 1000 -- unpack() is bounded by the Lua C stack; an even size keeps HSET pairs whole
 
@@ -24,6 +27,9 @@ local function write_chunks(command, key, from, to)
   end
 end
 
+if KEYS[5] and redis.call('XLEN', KEYS[5]) > 0 then
+  return 0
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'status', ARGV[2], 'expires_ms', ARGV[3],
   'deadline_ms', ARGV[4], 'allocation', ARGV[5], 'remaining_cents', ARGV[7])

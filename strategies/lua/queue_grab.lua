@@ -1,7 +1,11 @@
 -- redis_queue: one grab in one round trip (seeds 001 and 002): closed or expired?, already
 -- grabbed?, pop a pre-split packet, record user -> packet. Nothing can run in between.
+-- redis_queue_async passes a fifth key: the grab is also appended to its persist stream, in the
+-- same atomic step, and that is what makes the answer durable before MySQL has it.
 --
 -- KEYS[1] meta, KEYS[2] count, KEYS[3] grabbed, KEYS[4] packets (layout: install.lua)
+-- KEYS[5] (redis_queue_async) persist stream: entry {user, mark}; it loses any expiry while it
+--         holds grabs (lua/persisted.lua gives it back the activity's deadline once empty)
 -- ARGV[1] user_id, ARGV[2] now_ms (the web server's clock, the one expires_at was set by)
 -- Returns {outcome, mark, epoch}; outcome is
 --   'grabbed'          mark = "cents:packet_id" just popped and recorded for the user
@@ -28,4 +32,8 @@ redis.call('HSET', KEYS[3], ARGV[1], packet)
 redis.call('PEXPIREAT', KEYS[3], meta[4])
 redis.call('DECR', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'remaining_cents', -tonumber(string.match(packet, '^%d+')))
+if KEYS[5] then
+  redis.call('XADD', KEYS[5], '*', 'user', ARGV[1], 'mark', packet)
+  redis.call('PERSIST', KEYS[5])
+end
 return {'grabbed', packet, meta[3]}

@@ -1,0 +1,150 @@
+"""Redis queue, asynchronous persistence (seed 001 基于Redis队列,异步入库; seed 002's batch writer).
+
+Send: as redis_queue (pre-split t_redpack rows, pushed to the list rp:{id}:packets when the send
+commits); the activity also joins the index the persister scans. Grab: one EVALSHA
+(lua/queue_grab.lua with the persist stream as fifth key) checks closed and expired, dedupes,
+pops a packet, records user -> packet and appends {user, packet} to the stream rp:{id}:persist,
+atomically, and the answer comes from Redis alone: `grabbed` means "in the stream", not "in
+MySQL". A repeated click finds the mark and answers `already_grabbed` at once. MySQL is not on
+the path (services.grab reads an activity's strategy name from MySQL once per process and keeps
+it; a missing Redis state reads the activity row once, as for redis_queue).
+
+Persist: redpack/persist.py, run by Celery beat and workers, moves grabs to MySQL in batches,
+one transaction each, and takes them out of the stream only after the commit; `settle` waits
+for an activity's stream to empty, and helps by persisting it in the caller's process.
+
+What it locks: nothing on the grab path; the persister locks the activity row once per batch.
+What it checks twice: the persister, under that lock, skips users MySQL already holds, so a
+grab delivered twice writes once. Round trips: one EVALSHA per grab; MySQL gets ~6 statements
+per batch of up to REDPACK_PERSIST_BATCH grabs. The price: until persisted, an acknowledged
+grab lives only in Redis, so that Redis needs AOF (appendfsync everysec loses at most about a
+second of grabs if its machine dies) and noeviction; MySQL trails by the persist lag.
+"""
+
+import logging
+import time
+from collections import Counter
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from redpack import persist
+from redpack.models import Activity, ActivityStatus, PersistFailure
+from redpack.money import to_cents
+
+from .base import CloseResult, GrabResult, Outcome
+from .lua import script
+from .redis_queue import RedisQueueStrategy
+from .redis_state import Keys, Recorded, Snapshot, now_ms, parse_mark
+
+logger = logging.getLogger(__name__)
+
+INSTALL_SETTLE_SECONDS = 30.0  # a rebuild first waits this long for pending grabs to persist
+
+
+class PersistPending(Exception):
+    """The activity's Redis state cannot be rebuilt from MySQL while grabs wait to persist."""
+
+
+class RedisQueueAsyncStrategy(RedisQueueStrategy):
+    name = "redis_queue_async"
+    label = "Redis list + Lua pop, persisted later"
+    tradeoff = (
+        "One EVALSHA pops a packet and queues the grab in a Redis stream; the answer needs no "
+        "MySQL, which Celery fills in batches, so MySQL trails by the persist lag."
+    )
+    ceiling_script = (
+        "queue_grab.lua",
+        "5",
+        "rp:{$activity}:meta",
+        "rp:{$activity}:count",
+        "rp:{$activity}:grabbed",
+        "rp:{$activity}:packets",
+        "rp:{$activity}:persist",
+        "$user",
+        "$now_ms",
+    )
+
+    def state_keys(self, activity_id: int) -> list[str]:
+        keys = Keys(activity_id)
+        return [*keys.ordered(), keys.persist]
+
+    def install(self, activity_id: int) -> bool:
+        """Write the state from MySQL once MySQL holds every grab (install.lua refuses before)."""
+        if persist.dead_letters(activity_id):
+            raise PersistPending(
+                f"activity {activity_id} has grabs that failed to persist: retry them in the "
+                "admin (Persist failures) before rebuilding its Redis state"
+            )
+        give_up = time.monotonic() + INSTALL_SETTLE_SECONDS
+        while not super().install(activity_id):
+            if time.monotonic() >= give_up:
+                raise PersistPending(f"activity {activity_id}: grabs still wait to persist")
+            persist.drain(activity_id, until=give_up)
+        persist.register(activity_id)  # after the state exists: the index drops stateless ones
+        return True
+
+    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        outcome, mark, _ = self.run_grab("queue_grab", activity_id, user_id)
+        if outcome == "grabbed":
+            assert mark is not None
+            return GrabResult(Outcome.GRABBED, parse_mark(mark)[0])
+        return self.answer(outcome, activity_id, mark)
+
+    def close(self, *, activity_id: int) -> CloseResult:
+        """Close in Redis, where the truth is: what it holds then is what is left, once the
+        grabs before the close have persisted (settle). Then in MySQL."""
+        in_redis = script("close")(
+            keys=Keys(activity_id).ordered(),
+            args=[now_ms(), settings.REDPACK_REDIS_STATE_GRACE * 1000],
+        )
+        Activity.objects.filter(pk=activity_id, status=ActivityStatus.OPEN).update(
+            status=ActivityStatus.CLOSED, version=F("version") + 1
+        )
+        if in_redis is not None:
+            return CloseResult(*in_redis)
+        # No state: it expired long after the activity did, or Redis lost it (and with it the
+        # grabs not yet persisted). MySQL is the record.
+        activity = Activity.objects.get(pk=activity_id)
+        return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
+
+    def settle(self, *, activity_id: int, timeout: float) -> bool:
+        return persist.settle(activity_id, timeout=timeout)
+
+    def audit(self, activity: Activity) -> list[str]:
+        """Redis against MySQL plus the grabs on their way, read with the activity row locked so
+        that no batch commits between the two reads."""
+        with transaction.atomic():
+            locked = Activity.objects.select_for_update().get(pk=activity.pk)
+            differences = super().audit(locked)
+            failed = PersistFailure.objects.filter(
+                activity=locked, status__in=persist.UNRESOLVED
+            ).count()
+        if failed:
+            differences.append(f"{failed} grabs failed to persist (see Persist failures)")
+        return differences
+
+    def recorded(self, activity: Activity, state: Snapshot) -> Recorded:
+        """MySQL, plus the grabs still in the stream and those that failed to persist."""
+        recorded = super().recorded(activity, state)
+        failed = PersistFailure.objects.filter(
+            activity=activity, status__in=persist.UNRESOLVED
+        ).values_list("payload", flat=True)
+        on_the_way = [(fields["user"], fields["mark"]) for _, fields in state.stream] + [
+            (payload["user"], payload["mark"]) for payload in failed
+        ]
+        for user, mark in on_the_way:
+            if user in recorded.grabs:
+                continue  # committed, not yet acknowledged: MySQL has it already
+            recorded.grabs[user] = mark
+            recorded.count -= 1
+            recorded.cents -= parse_mark(mark)[0]
+            recorded.available[mark] -= 1
+        recorded.available = Counter({m: n for m, n in recorded.available.items() if n})
+        return recorded
+
+    def ttl_differences(self, keys: list[str], state: Snapshot) -> list[str]:
+        """While it holds grabs the stream never expires (queue_grab.lua), by design."""
+        holding = f"{keys[-1]} never expires" if state.stream else None
+        return [d for d in super().ttl_differences(keys, state) if d != holding]
