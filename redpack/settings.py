@@ -271,8 +271,7 @@ LOGGING = {
     },
     "loggers": {
         "redpack.persist.failures": {
-            "handlers": ["console", *(["persist_failures"] if PERSIST_FAILURE_LOG else [])],
-            "propagate": False,
+            "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],
         }
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},

@@ -12,12 +12,15 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from redpack import persist, services
+from strategies import registry
+from strategies.base import Outcome
 from strategies.lua import redis_client
 from strategies.redis_state import Keys
 
-from .contract.harness import check_close_stops_grabs, check_double_clicks
+from .contract.harness import check_close_stops_grabs, check_double_clicks, grab_concurrently
 
-REDIS_STRATEGIES = ["redis_queue", "redis_counter"]
+REDIS_STRATEGIES = ["redis_queue", "redis_counter", "redis_queue_async"]
 MASTERS = 3
 BUS_OFFSET = 10000  # a cluster node also listens on its port + 10000 for the cluster bus
 
@@ -124,8 +127,8 @@ def on_cluster(redis_cluster: str, settings) -> RedisCluster:  # type: ignore[no
     return client
 
 
-def _assert_state_lives_in_one_slot(client: RedisCluster, activity_id: int) -> None:
-    keys = Keys(activity_id).ordered()
+def _assert_state_lives_in_one_slot(client: RedisCluster, strategy: str, activity_id: int) -> None:
+    keys = registry.get(strategy).state_keys(activity_id)
     present = [key for key in keys if client.exists(key)]
     assert Keys(activity_id).tag + "meta" in present
     assert len({client.keyslot(key) for key in keys}) == 1
@@ -136,11 +139,39 @@ def _assert_state_lives_in_one_slot(client: RedisCluster, activity_id: int) -> N
 @pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
 def test_contract_on_cluster(strategy, on_cluster, make_users, sender):
     activity = check_double_clicks(strategy, make_users, sender)
-    _assert_state_lives_in_one_slot(on_cluster, activity.pk)
+    _assert_state_lives_in_one_slot(on_cluster, strategy, activity.pk)
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
 def test_close_on_cluster(strategy, on_cluster, make_users, sender):
     activity = check_close_stops_grabs(strategy, make_users, sender)
-    _assert_state_lives_in_one_slot(on_cluster, activity.pk)
+    _assert_state_lives_in_one_slot(on_cluster, strategy, activity.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_persister_on_cluster(on_cluster, make_users, sender):
+    """The index lives in another slot than the streams: the runs and the lag work across."""
+    activities = [
+        services.activity_send(
+            sender_id=sender.pk,
+            total_amount="10.00",
+            total_count=10,
+            strategy="redis_queue_async",
+            expires_in=3600,
+        )
+        for _ in range(3)
+    ]
+    users = make_users(8)
+    answered = 0
+    for activity in activities:
+        answers = grab_concurrently(activity.pk, [u.pk for u in users], clicks_per_user=1)
+        answered += sum(a.result.outcome is Outcome.GRABBED for a in answers)
+    assert sorted(persist.registered()) == sorted(a.pk for a in activities)
+    assert persist.lag()["pending"] == answered == 24
+    assert persist.persist_all(run_seconds=30) == 24
+    assert persist.lag() == {"pending": 0, "oldest_age_seconds": 0.0}
+    for activity in activities:
+        registry.get("redis_queue_async").close(activity_id=activity.pk)
+    persist.reclaim_all(min_idle_seconds=0, run_seconds=30)
+    assert persist.registered() == []

@@ -1,0 +1,282 @@
+"""redis_queue_async's persister as it runs: `celery -A redpack worker -B`, killed with SIGKILL in
+the middle of a batch, and cut off from MySQL. Real processes, real MariaDB and Redis."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django_redis import get_redis_connection
+
+from redpack import persist, services
+from redpack.audit import audit_activity
+from redpack.models import Activity, GrabDetail, PersistFailure
+from redpack.money import to_cents
+from strategies.base import Outcome
+from strategies.redis_state import Keys
+
+from .servers import ROOT, free_port, service_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# A worker that persists within a fraction of a second and takes over a dead consumer's
+# entries after one second.
+QUICK = {
+    "REDPACK_PERSIST_INTERVAL": "0.2",
+    "REDPACK_PERSIST_RECLAIM_INTERVAL": "0.5",
+    "REDPACK_PERSIST_RECLAIM_SECONDS": "1",
+}
+
+
+@contextmanager
+def celery_worker(schedule: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all)."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "redpack",
+            "worker",
+            "-B",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "ERROR",
+            "--schedule",
+            str(schedule),
+        ],
+        cwd=ROOT,
+        env=service_env(**{**QUICK, **env}),
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
+def kill_hard(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def send(sender, count: int) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal(count),
+        total_count=count,
+        strategy="redis_queue_async",
+        expires_in=3600,
+    )
+
+
+def grab_all(activity: Activity, users) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    answers = {}
+    for user in users:
+        result = services.grab(activity_id=activity.pk, user_id=user.pk)
+        assert result.outcome is Outcome.GRABBED
+        assert result.amount_cents is not None
+        answers[user.pk] = result.amount_cents
+    return answers
+
+
+def rows(activity: Activity) -> dict[int, int]:
+    return {
+        user_id: to_cents(amount)
+        for user_id, amount in GrabDetail.objects.filter(activity=activity).values_list(
+            "user_id", "amount"
+        )
+    }
+
+
+def stream(activity: Activity) -> str:
+    return Keys(activity.pk).persist
+
+
+def delivered_unacknowledged(activity: Activity) -> int:
+    redis = get_redis_connection("default")
+    if not redis.exists(stream(activity)):
+        return 0
+    try:
+        return int(redis.xpending(stream(activity), persist.GROUP)["pending"])
+    except Exception:  # noqa: BLE001 - no group yet: nothing delivered
+        return 0
+
+
+def uncommitted_rows() -> int:
+    """Rows written by the open transactions of connections to this test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(MAX(t.trx_rows_modified), 0) FROM information_schema.INNODB_TRX t "
+            "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+            "WHERE p.DB = DATABASE()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def assert_exactly_once(activity: Activity, answers: dict[int, int]) -> None:
+    """Every acknowledged grab is one row with its amount; nothing else; surplus agrees."""
+    assert get_redis_connection("default").xlen(stream(activity)) == 0
+    assert rows(activity) == answers
+    assert GrabDetail.objects.filter(activity=activity).count() == len(answers)
+    activity.refresh_from_db()
+    assert activity.surplus_count == activity.total_count - len(answers)
+    report = audit_activity(activity, answers=list(answers.items()))
+    assert report.ok, report.violations
+    assert not PersistFailure.objects.exists()
+
+
+def test_celery_worker_and_beat_persist_grabs_without_anyone_settling(make_users, sender, tmp_path):
+    activity = send(sender, 30)
+    users = make_users(30)
+    with celery_worker(tmp_path / "beat"):
+        answers = grab_all(activity, users)
+        wait_for(lambda: len(rows(activity)) == 30, "the worker to persist 30 grabs")
+        wait_for(lambda: persist.lag()["pending"] == 0, "the stream to empty")
+    assert_exactly_once(activity, answers)
+
+
+@pytest.mark.parametrize(
+    ("pause", "committed"),
+    [("before_commit", False), ("before_ack", True)],
+    ids=["killed-before-commit", "killed-after-commit-before-ack"],
+)
+def test_sigkill_mid_batch_then_restart_writes_every_grab_once(
+    pause, committed, make_users, sender, tmp_path
+):
+    """The persister dies holding a batch: before its commit (MySQL rolls back) or after it
+    (MySQL has the rows, the stream does not know). The next worker takes the batch over."""
+    activity = send(sender, 50)
+    users = make_users(50)
+    answers = grab_all(activity, users[:40])
+    with celery_worker(tmp_path / "beat-1", REDPACK_PERSIST_FAULT_PAUSE=f"{pause}:300") as doomed:
+        wait_for(lambda: delivered_unacknowledged(activity) == 40, "the batch to be delivered")
+        if committed:
+            wait_for(lambda: len(rows(activity)) == 40, "the batch to commit")
+        else:  # 40 details, 40 packets and the activity row written, not committed
+            wait_for(lambda: uncommitted_rows() >= 81, "the batch's statements to run")
+        kill_hard(doomed)
+    assert len(rows(activity)) == (40 if committed else 0)
+    assert delivered_unacknowledged(activity) == 40  # pending, for a consumer that is gone
+    answers |= grab_all(activity, users[40:])  # grabs go on meanwhile
+
+    with celery_worker(tmp_path / "beat-2"):
+        wait_for(
+            lambda: len(rows(activity)) == 50 and persist.lag()["pending"] == 0,
+            "the new worker to take the batch over and persist everything",
+        )
+    assert_exactly_once(activity, answers)
+
+
+class CuttableProxy:
+    """A TCP proxy to MySQL that a test can cut (every connection dropped, new ones refused)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.listening = threading.Event()
+        self.restore()
+
+    def restore(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: same port
+        server.settimeout(0.1)
+        self.listening.set()
+        self.acceptor = threading.Thread(target=self._accept, args=(server,), daemon=True)
+        self.acceptor.start()
+
+    def cut(self) -> None:
+        self.listening.clear()
+        self.acceptor.join()  # the listening socket is closed: connects are refused
+        with self.lock:
+            for sock in self.sockets:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self.sockets.clear()
+
+    def _accept(self, server: socket.socket) -> None:
+        with server:
+            while self.listening.is_set():
+                try:
+                    client, _ = server.accept()
+                except TimeoutError:
+                    continue
+                upstream = socket.create_connection(self.target)
+                with self.lock:
+                    self.sockets += [client, upstream]
+                for source, sink in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_mysql_unavailable_grabs_are_answered_then_drain_when_it_returns(
+    make_users, sender, tmp_path
+):
+    db = settings.DATABASES["default"]
+    proxy = CuttableProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 3306)))
+    through_proxy = f"mysql://{db['USER']}:{db['PASSWORD']}@127.0.0.1:{proxy.port}/{db['NAME']}"
+    activity = send(sender, 40)
+    users = make_users(40)
+    with celery_worker(tmp_path / "beat", DATABASE_URL=through_proxy) as worker:
+        answers = grab_all(activity, users[:10])
+        wait_for(lambda: len(rows(activity)) == 10, "the worker to persist through the proxy")
+
+        proxy.cut()
+        with CaptureQueriesContext(connection) as queries:
+            answers |= grab_all(activity, users[10:30])  # answered with MySQL out of reach
+        assert len(queries) == 0
+        time.sleep(3)  # several persist and reclaim runs fail meanwhile
+        assert len(rows(activity)) == 10
+        lag = persist.lag()
+        assert lag["pending"] == 20 and lag["oldest_age_seconds"] >= 3
+        assert not PersistFailure.objects.exists()  # an outage is not the grabs' fault
+        assert worker.poll() is None
+
+        proxy.restore()
+        answers |= grab_all(activity, users[30:])
+        wait_for(
+            lambda: len(rows(activity)) == 40 and persist.lag()["pending"] == 0,
+            "the backlog to drain once MySQL is back",
+        )
+    proxy.cut()
+    assert_exactly_once(activity, answers)

@@ -1,0 +1,330 @@
+"""redis_queue_async beyond the contract, in this process: the grab path, redelivery, failures
+and dead letters, the admin, audit and rebuild with grabs still on their way, lag."""
+
+import json
+import logging
+import threading
+import time
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django_redis import get_redis_connection
+
+from redpack import expiry, persist, services
+from redpack.audit import audit_activity
+from redpack.models import Activity, GrabDetail, PersistFailure, PersistFailureStatus
+from redpack.money import to_cents
+from strategies import registry
+from strategies.base import Outcome
+from strategies.redis_state import Keys
+
+from .contract.harness import grab_concurrently
+
+pytestmark = pytest.mark.django_db(transaction=True)
+STRATEGY = "redis_queue_async"
+
+
+def send(sender, count: int = 10, total: str = "10.00", **options) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal(total),
+        total_count=count,
+        strategy=STRATEGY,
+        expires_in=options.pop("expires_in", 3600),
+        **options,
+    )
+
+
+def grab_all(activity: Activity, user_ids: list[int]) -> dict[int, int]:
+    """Each user grabs once; user id -> cents of every `grabbed` answer."""
+    answers = {}
+    for user_id in user_ids:
+        result = services.grab(activity_id=activity.pk, user_id=user_id)
+        if result.outcome is Outcome.GRABBED:
+            assert result.amount_cents is not None
+            answers[user_id] = result.amount_cents
+    return answers
+
+
+def rows(activity: Activity) -> dict[int, int]:
+    return {
+        user_id: to_cents(amount)
+        for user_id, amount in GrabDetail.objects.filter(activity=activity).values_list(
+            "user_id", "amount"
+        )
+    }
+
+
+def audited(activity: Activity, answers: dict[int, int] | None = None) -> list[str]:
+    activity.refresh_from_db()
+    told = None if answers is None else list(answers.items())
+    return audit_activity(activity, answers=told).violations
+
+
+def stream_length(activity: Activity) -> int:
+    return int(get_redis_connection("default").xlen(Keys(activity.pk).persist))
+
+
+def test_grab_answers_from_redis_alone_and_mysql_follows(make_users, sender):
+    users = make_users(12)
+    activity = send(sender, count=10)
+    services.grab(activity_id=activity.pk, user_id=users[0].pk)  # warms the strategy lookup
+
+    with CaptureQueriesContext(connection) as queries:
+        answers = grab_all(activity, [u.pk for u in users[1:]])
+        again = services.grab(activity_id=activity.pk, user_id=users[1].pk)
+    assert len(queries) == 0, [q["sql"] for q in queries]
+    assert len(answers) == 9  # 10 packets, one went to the warm-up grab
+    assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, answers[users[1].pk])
+    assert rows(activity) == {}  # nobody persisted yet
+    assert stream_length(activity) == 10
+    lag = persist.lag()
+    assert lag["pending"] == 10 and lag["oldest_age_seconds"] >= 0
+    assert audited(activity) == []  # Redis agrees with MySQL plus the grabs on their way
+
+    assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)
+    assert stream_length(activity) == 0
+    assert persist.lag()["pending"] == 0
+    persisted = rows(activity)
+    assert len(persisted) == 10 and all(persisted[u] == c for u, c in answers.items())
+    activity.refresh_from_db()
+    assert activity.surplus_count == 0 and activity.surplus_amount == 0
+    # TTL again once empty (it had none while holding grabs)
+    assert get_redis_connection("default").pttl(Keys(activity.pk).persist) > 0
+
+
+def test_an_entry_delivered_twice_is_one_row(make_users, sender):
+    """Committed, then the consumer dies before XACK: the entry is reclaimed and written again."""
+    users = make_users(6)
+    activity = send(sender, count=5)
+    answers = grab_all(activity, [u.pk for u in users])
+    entries = persist._read_new(activity.pk, 100)
+    assert len(entries) == 5
+    assert persist._store(activity.pk, entries, redelivered=False) == 5  # committed, not acked
+
+    assert persist.reclaim_all(min_idle_seconds=0, run_seconds=10) == 5  # delivered again
+    assert persist._store(activity.pk, entries, redelivered=True) == 0  # and once more by hand
+    assert stream_length(activity) == 0
+    assert rows(activity) == answers
+    activity.refresh_from_db()
+    assert activity.surplus_count == 0
+    assert audited(activity, answers) == []
+
+
+def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
+    make_users, sender, settings, caplog
+):
+    """The grab API trusts the signed token: a user id MySQL does not know (yet) is accepted by
+    Redis, and its row fails the foreign key, every time."""
+    settings.REDPACK_PERSIST_MAX_ATTEMPTS = 3
+    users = make_users(4)
+    activity = send(sender, count=5)
+    ghost_id = users[-1].pk + 1000
+    answers = grab_all(activity, [users[0].pk, ghost_id, *[u.pk for u in users[1:]]])
+    assert len(answers) == 5
+
+    with caplog.at_level(logging.ERROR, logger="redpack.persist.failures"):
+        assert persist.persist_all(run_seconds=10) == 5  # one batch read, split, 4 written
+    assert set(rows(activity)) == {u.pk for u in users}
+    failure = PersistFailure.objects.get()
+    assert (failure.user_id, failure.attempts, failure.status) == (ghost_id, 1, "retrying")
+    assert "IntegrityError" in failure.error
+    logged = json.loads(caplog.records[-1].getMessage())
+    assert logged["event"] == "persist_failure" and logged["user"] == ghost_id
+    assert stream_length(activity) == 1  # still in the stream, pending
+
+    assert not registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=0.5)
+    for attempt in (2, 3):
+        persist.reclaim_all(min_idle_seconds=0, run_seconds=10)
+        failure.refresh_from_db()
+        assert failure.attempts == attempt
+    assert failure.status == PersistFailureStatus.DEAD
+    assert stream_length(activity) == 0  # dead: out of the stream, into the dead letters
+    assert persist.lag()["pending"] == 0
+    assert not registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=5)
+    assert "1 grabs failed to persist" in " ".join(audited(activity))
+    with pytest.raises(expiry.NotSettled):  # the ghost's packet is not refunded to the sender
+        expiry.refund(activity_id=activity.pk, force=True)
+
+    assert persist.retry_failure(failure.pk) is not None  # still no such user
+    failure.refresh_from_db()
+    assert failure.attempts == 4 and failure.status == PersistFailureStatus.DEAD
+    get_user_model().objects.create(pk=ghost_id, username="ghost")
+    assert persist.retry_failure(failure.pk) is None
+    failure.refresh_from_db()
+    assert failure.status == PersistFailureStatus.RESOLVED and failure.resolved_at
+    assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=5)
+    assert rows(activity) == answers
+    assert audited(activity, answers) == []
+    expiry.refund(activity_id=activity.pk, force=True)
+    assert audited(activity, answers) == []
+
+
+def test_admin_shows_failures_and_lag_and_retries_with_the_permission(
+    client, make_users, sender, settings
+):
+    settings.REDPACK_PERSIST_MAX_ATTEMPTS = 1
+    users = make_users(2)
+    activity = send(sender, count=3)
+    ghost_id = users[-1].pk + 1000
+    grab_all(activity, [users[0].pk, ghost_id])
+    persist.persist_all(run_seconds=10)
+    failure = PersistFailure.objects.get()
+    assert failure.status == PersistFailureStatus.DEAD
+    services.grab(activity_id=activity.pk, user_id=users[1].pk)  # one more waiting
+
+    staff = users[0]
+    staff.is_staff = True
+    staff.set_password("staff-pass-123")
+    staff.save()
+    view = Permission.objects.get(codename="view_persistfailure")
+    staff.user_permissions.add(view, Permission.objects.get(codename="view_activity"))
+    client.login(username=staff.username, password="staff-pass-123")
+    page = client.get("/admin/redpack/persistfailure/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Waiting to persist: <strong>1</strong> grabs" in text
+    assert str(ghost_id) in text
+    assert 'value="retry"' not in text  # no permission, no action
+    detail = client.get(f"/admin/redpack/activity/{activity.pk}/change/").content.decode()
+    assert "1 in Redis, 1 failed" in detail
+
+    get_user_model().objects.create(pk=ghost_id, username="ghost")
+    action = {"action": "retry", "_selected_action": [failure.pk]}
+    client.post("/admin/redpack/persistfailure/", action)
+    failure.refresh_from_db()
+    assert failure.status == PersistFailureStatus.DEAD  # refused without the permission
+
+    staff.user_permissions.add(Permission.objects.get(codename="retry_persistfailure"))
+    page = client.get("/admin/redpack/persistfailure/").content.decode()
+    assert 'value="retry"' in page
+    client.post("/admin/redpack/persistfailure/", action)
+    failure.refresh_from_db()
+    assert failure.status == PersistFailureStatus.RESOLVED
+    assert GrabDetail.objects.filter(activity=activity, user_id=ghost_id).exists()
+
+
+def test_healthz_reports_the_persist_lag(client, make_users, sender):
+    activity = send(sender, count=3)
+    grab_all(activity, [u.pk for u in make_users(2)])
+    body = client.get("/healthz").json()
+    assert body["status"] == "ok"
+    assert body["persist"]["pending"] == 2 and body["persist"]["oldest_age_seconds"] >= 0
+    registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)
+    assert client.get("/healthz").json()["persist"] == {"pending": 0, "oldest_age_seconds": 0.0}
+
+
+def test_audit_names_a_grab_lost_on_its_way(make_users, sender):
+    users = make_users(3)
+    activity = send(sender, count=3)
+    answers = grab_all(activity, [u.pk for u in users])
+    redis = get_redis_connection("default")
+    lost_id, fields = redis.xrange(Keys(activity.pk).persist, count=1)[0]
+    redis.xdel(Keys(activity.pk).persist, lost_id)  # as if it vanished unpersisted
+    lost_user = int(fields[b"user"])
+    violations = " ".join(audited(activity))
+    assert f"user {lost_user} has nothing in MySQL but" in violations
+    assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)
+    assert lost_user not in rows(activity)
+    assert "every `grabbed` answer is a row" in " ".join(
+        audit_activity(activity, answers=list(answers.items())).checks
+    )
+    assert audited(activity, answers)  # the auditor says the acknowledged grab is missing
+
+
+def test_redis_rebuild_waits_for_the_grabs_on_their_way(make_users, sender):
+    users = make_users(8)
+    activity = send(sender, count=6)
+    first = grab_all(activity, [u.pk for u in users[:4]])
+    assert stream_length(activity) == 4
+    call_command("redis_rebuild", "--activity", activity.pk)  # persists them, then rebuilds
+    assert stream_length(activity) == 0
+    assert rows(activity) == first
+    assert audited(activity, first) == []
+    more = grab_all(activity, [u.pk for u in users[4:]])
+    assert len(more) == 2
+    assert services.grab(activity_id=activity.pk, user_id=users[0].pk).outcome is (
+        Outcome.ALREADY_GRABBED
+    )
+    assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)
+    assert audited(activity, {**first, **more}) == []
+
+
+def test_the_index_lists_open_activities_and_drops_settled_closed_ones(make_users, sender):
+    activity = send(sender, count=3)
+    assert persist.registered() == [activity.pk]
+    get_redis_connection("default").srem(persist.INDEX_KEY, activity.pk)  # lost
+    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert persist.registered() == [activity.pk]  # found again from MySQL
+
+    answers = grab_all(activity, [u.pk for u in make_users(2)])
+    closed = registry.get(STRATEGY).close(activity_id=activity.pk)
+    assert closed.remaining_count == 1
+    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert persist.registered() == [activity.pk]  # closed, but grabs still on their way
+    persist.persist_all(run_seconds=10)
+    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert persist.registered() == []
+    expiry.refund(activity_id=activity.pk, force=True)
+    assert audited(activity, answers) == []
+
+
+def test_concurrent_grabs_and_persisters_write_each_grab_once(make_users, sender):
+    """Grabbers and two beat-like persister runs at once, then a settle."""
+    users = make_users(120)
+    activity = send(sender, count=100, total="100.00")
+    stop = threading.Event()
+
+    def persister() -> None:
+        try:
+            while not stop.is_set():
+                persist.persist_all(run_seconds=1)
+        finally:
+            connection.close()
+
+    runners = [threading.Thread(target=persister) for _ in range(2)]
+    for runner in runners:
+        runner.start()
+    try:
+        answers = grab_concurrently(activity.pk, [u.pk for u in users], clicks_per_user=2)
+    finally:
+        stop.set()
+        for runner in runners:
+            runner.join(timeout=60)
+    assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=30)
+    grabbed = {
+        a.user_id: a.result.amount_cents for a in answers if a.result.outcome is Outcome.GRABBED
+    }
+    assert len(grabbed) == 100
+    assert rows(activity) == grabbed
+    assert audited(activity, grabbed) == []  # type: ignore[arg-type]
+
+
+def test_the_stream_outlives_the_state_while_it_holds_grabs(make_users, sender, settings):
+    """The state expires a grace period after the activity; a grab nobody persisted stays."""
+    settings.REDPACK_REDIS_STATE_GRACE = 1
+    (user,) = make_users(1)
+    activity = send(sender, count=2, total="1.00", expires_in=2)
+    answers = grab_all(activity, [user.pk])
+    redis = get_redis_connection("default")
+    keys = Keys(activity.pk)
+    assert redis.pttl(keys.persist) == -1  # holding a grab: no expiry
+    time.sleep(max(0.0, (activity.expires_at - timezone.now()).total_seconds()) + 1.2)
+    assert not redis.exists(*keys.ordered())  # the state is gone
+    assert stream_length(activity) == 1
+    assert persist.lag()["pending"] == 1
+
+    persist.persist_all(run_seconds=10)
+    assert not redis.exists(keys.persist)  # empty, and its state gone: deleted
+    assert rows(activity) == answers
+    left = registry.get(STRATEGY).close(activity_id=activity.pk)
+    assert (left.remaining_count, left.remaining_cents) == (1, 100 - answers[user.pk])
+    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert persist.registered() == []
+    assert audited(activity, answers) == []
