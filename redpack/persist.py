@@ -30,8 +30,8 @@ the last line). An entry delivered twice (committed, then its consumer died befo
 once, and the surplus goes down by the rows actually inserted.
 
 Failures. MySQL unreachable (OperationalError, InterfaceError, which include lock timeouts and
-deadlocks): the run stops, the entries stay pending, nothing is counted; grabs go on being
-answered meanwhile. Any other database error, or a conflict with MySQL (the packet is not
+deadlocks): the run stops and hands its batch back for the next reclaim run, nothing is counted;
+grabs go on being answered meanwhile. Any other database error, or a conflict with MySQL (the packet is not
 available at that amount, the user holds another packet), fails the batch: its entries are then
 tried one by one, so one bad entry does not hold back the others. An entry that fails on its own
 gets a PersistFailure row (attempts, last error) and a JSON line on the redpack.persist.failures
@@ -242,6 +242,20 @@ def _claim_stale(
     return cursor, [Entry.parse(i, fields) for i, fields in claimed if fields]
 
 
+def _hand_back(activity_id: int, entry_ids: list[str]) -> None:
+    """Entries this process could not persist (MySQL away) are marked idle long enough for the
+    next reclaim run to take them, rather than after REDPACK_PERSIST_RECLAIM_SECONDS."""
+    _redis().xclaim(
+        Keys(activity_id).persist,
+        GROUP,
+        consumer(),
+        min_idle_time=0,
+        message_ids=entry_ids,
+        idle=int(settings.REDPACK_PERSIST_RECLAIM_SECONDS * 1000),
+        justid=True,
+    )
+
+
 def _acknowledge(activity_id: int, entry_ids: list[str]) -> None:
     keys = Keys(activity_id)
     for start in range(0, len(entry_ids), 1000):  # Lua's unpack() has a bounded stack
@@ -351,6 +365,14 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
     )
 
 
+def _persist_batch(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
+    try:
+        return _persist(activity_id, entries, redelivered=redelivered)
+    except DatabaseUnavailable:
+        _hand_back(activity_id, [e.entry_id for e in entries])
+        raise
+
+
 def _persist(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
     """Write the entries to MySQL, then take them out of the stream; how many left it."""
     try:
@@ -428,7 +450,7 @@ def _reclaim(activity_id: int, *, min_idle_ms: int, until: float) -> int:
             activity_id, min_idle_ms=min_idle_ms, start=cursor, count=settings.REDPACK_PERSIST_BATCH
         )
         if entries:
-            moved += _persist(activity_id, entries, redelivered=True)
+            moved += _persist_batch(activity_id, entries, redelivered=True)
         if cursor == "0-0":
             break
     return moved
@@ -438,7 +460,7 @@ def _persist_next_batch(activity_id: int) -> int:
     """Read and persist one batch of new entries; how many were read (0: none left)."""
     entries = _read_new(activity_id, settings.REDPACK_PERSIST_BATCH)
     if entries:
-        _persist(activity_id, entries, redelivered=False)
+        _persist_batch(activity_id, entries, redelivered=False)
     return len(entries)
 
 
