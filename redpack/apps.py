@@ -8,6 +8,8 @@ class RedpackConfig(AppConfig):
     def ready(self) -> None:
         from strategies import registry
 
+        from . import checks
         from .api import schema  # noqa: F401 - registers the OpenAPI extensions
 
         registry.register_checks()
+        checks.register()

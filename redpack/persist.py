@@ -31,13 +31,13 @@ once, and the surplus goes down by the rows actually inserted.
 
 Failures. MySQL unreachable (OperationalError, InterfaceError, which include lock timeouts and
 deadlocks): the run stops and hands its batch back for the next reclaim run, nothing is counted;
-grabs go on being answered meanwhile. Any other database error, or a conflict with MySQL (the packet is not
-available at that amount, the user holds another packet), fails the batch: its entries are then
-tried one by one, so one bad entry does not hold back the others. An entry that fails on its own
-gets a PersistFailure row (attempts, last error) and a JSON line on the redpack.persist.failures
-logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead: it leaves the stream, and only the admin's
-"retry" action (retry_failure) brings it to MySQL. Until then its activity is not settled, so its
-sender is not refunded.
+grabs go on being answered meanwhile. Any other database error, or a conflict with MySQL (the
+packet is not available at that amount, the user holds another packet), fails the batch: its
+entries are then tried one by one, so one bad entry does not hold back the others. An entry
+that fails on its own gets a PersistFailure row (attempts, last error) and a JSON line on the
+redpack.persist.failures logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead: it leaves the
+stream, and only the admin's "retry" action (retry_failure) brings it to MySQL. Until then its
+activity is not settled, so its sender is not refunded.
 """
 
 import json

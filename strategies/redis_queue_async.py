@@ -36,15 +36,11 @@ from redpack.money import to_cents
 from .base import CloseResult, GrabResult, Outcome
 from .lua import script
 from .redis_queue import RedisQueueStrategy
-from .redis_state import Keys, Recorded, Snapshot, now_ms, parse_mark
+from .redis_state import Keys, NotRebuildable, Recorded, Snapshot, now_ms, parse_mark
 
 logger = logging.getLogger(__name__)
 
 INSTALL_SETTLE_SECONDS = 30.0  # a rebuild first waits this long for pending grabs to persist
-
-
-class PersistPending(Exception):
-    """The activity's Redis state cannot be rebuilt from MySQL while grabs wait to persist."""
 
 
 class RedisQueueAsyncStrategy(RedisQueueStrategy):
@@ -73,14 +69,14 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
     def install(self, activity_id: int) -> bool:
         """Write the state from MySQL once MySQL holds every grab (install.lua refuses before)."""
         if persist.dead_letters(activity_id):
-            raise PersistPending(
+            raise NotRebuildable(
                 f"activity {activity_id} has grabs that failed to persist: retry them in the "
                 "admin (Persist failures) before rebuilding its Redis state"
             )
         give_up = time.monotonic() + INSTALL_SETTLE_SECONDS
         while not super().install(activity_id):
             if time.monotonic() >= give_up:
-                raise PersistPending(f"activity {activity_id}: grabs still wait to persist")
+                raise NotRebuildable(f"activity {activity_id}: grabs still wait to persist")
             persist.drain(activity_id, until=give_up)
         persist.register(activity_id)  # after the state exists: the index drops stateless ones
         return True

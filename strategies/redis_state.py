@@ -91,6 +91,11 @@ class PacketTaken(Exception):
     MySQL disagreed, so the packet is not given back to the list."""
 
 
+class NotRebuildable(Exception):
+    """MySQL is not the whole truth about the activity now (redis_queue_async: grabs still on
+    their way to MySQL): its Redis state is not rewritten from MySQL."""
+
+
 Write = Callable[[int, int, int, int | None], None]  # (activity_id, user_id, cents, packet_id)
 
 

@@ -87,3 +87,11 @@ def test_unknown_or_broken_strategy_fails_the_system_check(settings):
 
 def test_configured_strategies_pass_the_system_check():
     assert not [e for e in checks.run_checks() if e.id and e.id.startswith("redpack.")]
+
+
+def test_a_celery_broker_in_the_packet_states_database_fails_the_system_check(settings):
+    from redpack.checks import check_celery_broker_apart
+
+    assert check_celery_broker_apart() == []
+    settings.CELERY_BROKER_URL = settings.CACHES["default"]["LOCATION"]
+    assert [e.id for e in check_celery_broker_apart()] == ["redpack.E010"]

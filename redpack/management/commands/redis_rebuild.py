@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from redpack.models import Activity, ActivityStatus
 from strategies import registry
-from strategies.redis_state import RedisStateStrategy
+from strategies.redis_state import NotRebuildable, RedisStateStrategy
 
 
 class Command(BaseCommand):
@@ -40,8 +40,15 @@ class Command(BaseCommand):
             activities = activities.filter(
                 status=ActivityStatus.OPEN, expires_at__gt=timezone.now() - grace
             )
-        rebuilt = 0
+        rebuilt, refused = 0, 0
         for activity_id, name in activities.values_list("pk", "strategy").iterator():
-            redis_strategies[name].install(activity_id)
+            try:
+                redis_strategies[name].install(activity_id)
+            except NotRebuildable as exc:
+                self.stderr.write(str(exc))
+                refused += 1
+                continue
             rebuilt += 1
         self.stdout.write(f"rebuilt the Redis state of {rebuilt} activities")
+        if refused:
+            raise CommandError(f"{refused} activities not rebuilt (see above)")
