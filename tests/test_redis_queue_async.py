@@ -99,6 +99,24 @@ def test_grab_answers_from_redis_alone_and_mysql_follows(make_users, sender):
     assert get_redis_connection("default").pttl(Keys(activity.pk).persist) > 0
 
 
+def test_the_grab_api_answers_without_a_single_mysql_query(make_users, sender):
+    from rest_framework.test import APIClient
+    from rest_framework_simplejwt.tokens import AccessToken
+
+    first, second = make_users(2)
+    activity = send(sender, count=5)
+    clients = []
+    for user in (first, second):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+        clients.append(client)
+    clients[0].post(f"/api/activities/{activity.pk}/grab/")  # warms the strategy lookup
+    with CaptureQueriesContext(connection) as queries:
+        answer = clients[1].post(f"/api/activities/{activity.pk}/grab/").json()
+    assert answer["outcome"] == "grabbed"
+    assert len(queries) == 0, [q["sql"] for q in queries]
+
+
 def test_an_entry_delivered_twice_is_one_row(make_users, sender):
     """Committed, then the consumer dies before XACK: the entry is reclaimed and written again."""
     users = make_users(6)
