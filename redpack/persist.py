@@ -489,8 +489,11 @@ def reclaim_all(*, min_idle_seconds: float, run_seconds: float) -> int:
     try:
         _register_open_activities()
         activity_ids = registered()
-        for activity_id in activity_ids:
-            moved += _reclaim(activity_id, min_idle_ms=int(min_idle_seconds * 1000), until=until)
+        for activity_id, waiting_grabs in _backlog(activity_ids).items():
+            if waiting_grabs:
+                moved += _reclaim(
+                    activity_id, min_idle_ms=int(min_idle_seconds * 1000), until=until
+                )
         _retire_finished(activity_ids)
     except UNAVAILABLE as exc:
         connection.close()
