@@ -101,6 +101,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("TEST", {}).update(
         {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
     )
+# SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
+# transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR UPDATE,
+# so this is what keeps the row-locking strategies exact (writers run one at a time), and waiting
+# writers queue for up to `timeout` seconds (the busy timeout) instead of failing at once.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
@@ -133,9 +145,18 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Worker logs go through LOGGING below (structured), not Celery's own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
+REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
 CELERY_BEAT_SCHEDULE = {
     "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
     "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+    "worker-heartbeat": {
+        "task": "redpack.tasks.heartbeat",
+        "schedule": REDPACK_HEARTBEAT_SECONDS,
+        "options": {"expires": REDPACK_HEARTBEAT_SECONDS},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -211,10 +232,24 @@ REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
 
+# One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
+# Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain" if DEBUG else "json")
+if LOG_FORMAT not in ("json", "plain"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be json or plain, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "redpack.logs.JsonFormatter"},
+        "plain": {"()": "redpack.logs.PlainFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # Celery logs every task received, finished and sent by beat at INFO: with expiry every
+    # second that buries the events above. CELERY_TASK_LOG_LEVEL=INFO brings those lines back.
+    "loggers": {
+        name: {"level": env.str("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+        for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+    },
 }
