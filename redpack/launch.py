@@ -379,7 +379,7 @@ def serve_embedded_redis() -> int:
     kind = os.environ["REDPACK_EMBEDDED_REDIS"]
     port = os.environ["REDPACK_EMBEDDED_REDIS_PORT"]
     if kind == "redis-server":
-        data = RUN_DIR / "redis"
+        data = Path(os.environ.get("REDPACK_EMBEDDED_REDIS_DIR", RUN_DIR / "redis"))
         data.mkdir(parents=True, exist_ok=True)
         binary = shutil.which("redis-server") or "redis-server"
         # Append-only file in .run/redis: packet state outlives a restart, like the SQLite file.
