@@ -374,6 +374,31 @@ def announce(
         say(f"not ready after {args.ready_timeout:.0f} s; /healthz says: {json.dumps(health)}")
 
 
+def keep_connection_after_errors(handler: type) -> type:
+    """fakeredis's TCP server closes a connection after any error reply; a real Redis keeps it.
+
+    The difference breaks clients: redis-py answers NOSCRIPT with SCRIPT LOAD on the same
+    connection (every first EVALSHA), kombu's consumer reconnects. Here an error is written as
+    the reply to its command and the connection goes on.
+    """
+    import redis
+
+    class KeepConnection(handler):  # type: ignore[valid-type,misc]
+        def setup(self) -> None:
+            super().setup()
+            read_response = self.current_client.read_response
+
+            def reply_or_error(**kwargs: object) -> object:
+                try:
+                    return read_response(**kwargs)
+                except (redis.ResponseError, redis.AuthenticationError) as exc:
+                    return exc  # written as an error reply, like any other reply
+
+            self.current_client.read_response = reply_or_error
+
+    return KeepConnection
+
+
 def serve_embedded_redis() -> int:
     """The Procfile's `redis` process: exec redis-server, or serve fakeredis until signalled."""
     kind = os.environ["REDPACK_EMBEDDED_REDIS"]
@@ -391,6 +416,7 @@ def serve_embedded_redis() -> int:
     from fakeredis import TcpFakeServer
 
     server = TcpFakeServer(("127.0.0.1", int(port)), server_type="redis")
+    server.RequestHandlerClass = keep_connection_after_errors(server.RequestHandlerClass)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

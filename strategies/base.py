@@ -43,7 +43,10 @@ class GrabStrategy:
     tradeoff: ClassVar[str]  # one line, shown by /api/strategies/ and the admin
     # Database vendors (Django's connection.vendor) on which this strategy is exact; empty: any.
     # Elsewhere it is listed as unavailable with the reason, never run, e.g. SKIP LOCKED needs
-    # {"mysql"}: SQLite (the embedded fallback of `make run`) has no row locks to skip.
+    # {"mysql"}: SQLite (the embedded fallback of `make run`) has no row locks to skip. On
+    # SQLite every transaction takes the write lock at BEGIN and SELECT … FOR UPDATE is a no-op;
+    # DECIMAL arithmetic in SQL (F("amount") - x) is floating point there: write amounts computed
+    # in Python from a locked read, or require {"mysql"}.
     requires: ClassVar[frozenset[str]] = frozenset()
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
 

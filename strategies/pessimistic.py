@@ -43,9 +43,11 @@ class PessimisticStrategy(GrabStrategy):
                 GrabDetail.objects.create(
                     activity_id=activity_id, user_id=user_id, amount=from_cents(cents)
                 )
+                # The new surplus from the locked read, in exact cents: SQLite (the embedded
+                # fallback) would compute `surplus_amount - x` in floating point.
                 Activity.objects.filter(pk=activity_id).update(
                     surplus_count=F("surplus_count") - 1,
-                    surplus_amount=F("surplus_amount") - from_cents(cents),
+                    surplus_amount=from_cents(to_cents(activity.surplus_amount) - cents),
                     version=F("version") + 1,
                 )
                 return GrabResult(Outcome.GRABBED, cents)

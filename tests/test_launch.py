@@ -104,7 +104,12 @@ def test_embedded_redis_process_runs_lua_and_stops_on_sigterm(kind, tmp_path):
             "local left = redis.call('DECR', KEYS[1]) if left < 0 then return -1 end return left"
         )
         client.set("rp:{1}:left", 2)
-        assert [take(keys=["rp:{1}:left"]) for _ in range(3)] == [1, 0, -1]  # EVALSHA
+        connection = client.client_id()
+        # The first EVALSHA hears NOSCRIPT and loads the script on the same connection.
+        assert [take(keys=["rp:{1}:left"]) for _ in range(3)] == [1, 0, -1]
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            client.lpush("rp:{1}:left", 1)
+        assert client.client_id() == connection  # errors are replies, not hang-ups
         client.close()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) in (0, -signal.SIGTERM)
