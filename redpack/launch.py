@@ -21,6 +21,7 @@ also how the tests play "MySQL and Redis unreachable" without stopping anybody's
 import argparse
 import io
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -34,6 +35,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,6 +224,20 @@ def say(message: str = "") -> None:
     print(f"{time.strftime('%H:%M:%S')} run     | {message}" if message else "", flush=True)
 
 
+class SayHandler(logging.Handler):
+    """This process's log lines, prefixed like honcho's."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say(self.format(record))
+
+
+def say_logs() -> None:
+    root = logging.getLogger()
+    handler = SayHandler()
+    handler.setFormatter(root.handlers[0].formatter if root.handlers else None)
+    root.handlers = [handler]
+
+
 def command(name: str, **options: object) -> None:
     """A management command in this process, its output said line by line."""
     from django.core.management import call_command
@@ -241,6 +257,7 @@ def prepare() -> None:
     import django
 
     django.setup()
+    say_logs()
     command("create_database")
     command("migrate", interactive=False, verbosity=0)
     command("collectstatic", interactive=False, verbosity=0)
@@ -374,7 +391,7 @@ def announce(
         say(f"not ready after {args.ready_timeout:.0f} s; /healthz says: {json.dumps(health)}")
 
 
-def keep_connection_after_errors(handler: type) -> type:
+def keep_connection_after_errors(handler: Any) -> type:
     """fakeredis's TCP server closes a connection after any error reply; a real Redis keeps it.
 
     The difference breaks clients: redis-py answers NOSCRIPT with SCRIPT LOAD on the same
@@ -383,7 +400,7 @@ def keep_connection_after_errors(handler: type) -> type:
     """
     import redis
 
-    class KeepConnection(handler):  # type: ignore[valid-type,misc]
+    class KeepConnection(handler):  # type: ignore[misc]
         def setup(self) -> None:
             super().setup()
             read_response = self.current_client.read_response
