@@ -14,7 +14,7 @@ WORKER_CONCURRENCY ?= 2
 MYSQL_HEADERS := $(shell pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists mariadb 2>/dev/null && echo yes)
 EXTRAS := $(if $(MYSQL_HEADERS),[dev],)
 
-.PHONY: run test install lint typecheck clean
+.PHONY: run test install lint typecheck clean compare
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ run: install .env
 test: install
 	@$(PY) -c 'import MySQLdb, pytest' 2>/dev/null || $(VENV)/bin/pip install --quiet -e '.[dev]'
 	$(PY) -m pytest
+
+# Every strategy through the direct bench and Locust next to this machine's ceilings; writes
+# reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
+COMPARE_ARGS ?=
+compare: install .env
+	$(PY) manage.py create_database
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py compare $(COMPARE_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

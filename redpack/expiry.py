@@ -15,15 +15,14 @@
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from django_redis import get_redis_connection
 
 from strategies import registry
+from strategies.lua import redis_client, script
 
 from .models import Activity, ActivityStatus, Refund
 from .money import to_cents
@@ -31,7 +30,6 @@ from .money import to_cents
 logger = logging.getLogger(__name__)
 
 EXPIRY_KEY = "rp:expiry"
-_claim_due_source = (Path(__file__).parent / "lua" / "claim_due.lua").read_text()
 
 
 class NotSettled(Exception):
@@ -46,10 +44,6 @@ class RefundOutcome:
     count: int
 
 
-def _redis():  # type: ignore[no-untyped-def]
-    return get_redis_connection("default")
-
-
 def _epoch_ms(activity: Activity) -> int:
     return int(activity.expires_at.timestamp() * 1000)
 
@@ -57,18 +51,19 @@ def _epoch_ms(activity: Activity) -> int:
 def register(activities: list[Activity]) -> None:
     """Put activities into the expiry ZSET (idempotent: the score is the expiry)."""
     if activities:
-        _redis().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a) for a in activities})
+        redis_client().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a) for a in activities})
 
 
 def claim_due(*, batch: int, lease_seconds: float) -> list[int]:
-    script = _redis().register_script(_claim_due_source)
     now_ms = int(time.time() * 1000)
-    claimed = script(keys=[EXPIRY_KEY], args=[now_ms, int(lease_seconds * 1000), batch])
+    claimed = script("claim_due")(
+        keys=[EXPIRY_KEY], args=[now_ms, int(lease_seconds * 1000), batch]
+    )
     return [int(member) for member in claimed]
 
 
 def forget(activity_id: int) -> None:
-    _redis().zrem(EXPIRY_KEY, str(activity_id))
+    redis_client().zrem(EXPIRY_KEY, str(activity_id))
 
 
 def overdue_in_mysql(*, limit: int) -> QuerySet[Activity]:

@@ -213,6 +213,8 @@ SPECTACULAR_SETTINGS = {
 # Grab strategies: name -> dotted path. An unknown or unimportable entry fails `manage.py check`.
 REDPACK_STRATEGIES = {
     "pessimistic": "strategies.pessimistic.PessimisticStrategy",
+    "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
+    "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
 }
 # Strategies marked unsafe (they oversell under contention) are refused unless this is on.
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
@@ -231,6 +233,11 @@ REDPACK_EXPIRY_LEASE_SECONDS = env.float("REDPACK_EXPIRY_LEASE_SECONDS", default
 REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
+# The Redis strategies keep their state in REDIS_URL, or in this Redis Cluster when set
+# (redis://host:port of any node; keys of one activity share a hash tag, so one slot).
+REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
+# Their keys expire this many seconds after the activity does (or after it closes).
+REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

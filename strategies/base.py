@@ -49,6 +49,13 @@ class GrabStrategy:
     # in Python from a locked read, or require {"mysql"}.
     requires: ClassVar[frozenset[str]] = frozenset()
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
+    # For the bench's Redis ceiling (`manage.py compare`): the strategy's one-round-trip grab
+    # script in strategies/lua/ and its EVALSHA arguments after the SHA, with "$activity",
+    # "$user", "$now" and "$now_ms" (epoch seconds, milliseconds) standing for their values:
+    #   ("grab.lua", "2", "rp:{$activity}:packets", "rp:{$activity}:grabbed", "$user")
+    # compare prepares a real activity of this strategy and runs the script with
+    # redis-benchmark. None: no such script (the MySQL strategies).
+    ceiling_script: ClassVar[tuple[str, ...] | None] = None
 
     def prepare(self, activity: "Activity") -> None:
         raise NotImplementedError

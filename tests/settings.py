@@ -15,3 +15,4 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tes
 WHITENOISE_AUTOREFRESH = True  # no collectstatic before tests
 # Throttling is tested on its own (tests/test_hostile.py); elsewhere it would only add noise.
 REDPACK_THROTTLE_RATES = {"grab": None, "send": None}
+REDPACK_REDIS_CLUSTER_URL = ""  # tests/test_redis_cluster.py starts its own cluster

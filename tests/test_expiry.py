@@ -197,3 +197,26 @@ def test_celery_worker_and_beat_refund_expired_activities(sender, make_users):
     for activity in activities:
         assert_refunded_once(activity.pk)
     assert Refund.objects.get(activity=activities[0]).count == 3
+
+
+def test_bench_expiry_command_refunds_everything_once():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(
+        "bench_expiry",
+        "--activities",
+        "40",
+        "--workers",
+        "3",
+        "--grabbers",
+        "2",
+        "--json",
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert result["refund_records"] == 40 and result["audit_ok"] is True
+    assert Refund.objects.count() == 40

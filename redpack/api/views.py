@@ -89,6 +89,17 @@ class GrabView(APIView):
         return Response(body, status=code)
 
 
+class PingView(APIView):
+    """The web server's ceiling for the bench: authenticated like a grab, and nothing else
+    (not throttled either: one token drives it as fast as the server answers)."""
+
+    authentication_classes = [JWTStatelessUserAuthentication]
+
+    @extend_schema(request=None, responses={200: OpenApiResponse(description='`{"pong": true}`')})
+    def get(self, request: Request) -> Response:
+        return Response({"pong": True})
+
+
 class ActivityGrabsView(generics.ListAPIView):
     """Who grabbed what: the activity's sender and staff only."""
 
