@@ -45,8 +45,7 @@ class GrabStrategy:
     # Elsewhere it is listed as unavailable with the reason, never run, e.g. SKIP LOCKED needs
     # {"mysql"}: SQLite (the embedded fallback of `make run`) has no row locks to skip. On
     # SQLite every transaction takes the write lock at BEGIN and SELECT … FOR UPDATE is a no-op;
-    # DECIMAL arithmetic in SQL (F("amount") - x) is floating point there: write amounts computed
-    # in Python from a locked read, or require {"mysql"}.
+    # DECIMAL arithmetic in SQL is floating point there: decrement amounts with money.minus.
     requires: ClassVar[frozenset[str]] = frozenset()
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
     # For the bench's Redis ceiling (`manage.py compare`): the strategy's one-round-trip grab

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from redpack import allocation
 from redpack.models import Activity, ActivityStatus, GrabDetail
-from redpack.money import from_cents, to_cents
+from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
 
@@ -43,11 +43,9 @@ class PessimisticStrategy(GrabStrategy):
                 GrabDetail.objects.create(
                     activity_id=activity_id, user_id=user_id, amount=from_cents(cents)
                 )
-                # The new surplus from the locked read, in exact cents: SQLite (the embedded
-                # fallback) would compute `surplus_amount - x` in floating point.
                 Activity.objects.filter(pk=activity_id).update(
                     surplus_count=F("surplus_count") - 1,
-                    surplus_amount=from_cents(to_cents(activity.surplus_amount) - cents),
+                    surplus_amount=minus("surplus_amount", cents),
                     version=F("version") + 1,
                 )
                 return GrabResult(Outcome.GRABBED, cents)
