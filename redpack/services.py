@@ -134,11 +134,13 @@ def grab(*, activity_id: int, user_id: int) -> GrabResult:
         raise  # an expected failure, answered with its own code
     except Exception as exc:
         if isinstance(exc, DatabaseError) and is_lock_timeout(exc):
+            # The strategy's transaction was rolled back (and its Redis state given back), so
+            # nothing was granted: the honest answer is "try again", not a server error.
             logger.warning(
                 "grab lock timeout", extra={"event": "lock_timeout", "error": exc, **ids}
             )
-        else:
-            logger.exception("grab failed", extra={"event": "grab_failed", **ids})
+            return GrabResult(Outcome.CONTENDED)
+        logger.exception("grab failed", extra={"event": "grab_failed", **ids})
         raise
     if result.outcome is Outcome.CONTENDED:
         logger.info("grab contended", extra={"event": "grab_contended", **ids})
