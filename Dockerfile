@@ -19,7 +19,7 @@ WORKDIR /app
 COPY pyproject.toml ./
 COPY redpack/__init__.py redpack/__init__.py
 COPY strategies/__init__.py strategies/__init__.py
-RUN pip install .
+RUN pip install '.[mysql]'
 COPY . .
 RUN pip install --no-deps . \
     && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0

@@ -123,10 +123,13 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
     forget(activity_id)
     if outcome.refunded_now:
         logger.info(
-            "refund activity=%s amount_cents=%s count=%s",
-            activity_id,
-            outcome.amount_cents,
-            outcome.count,
+            "refund",
+            extra={
+                "event": "refund",
+                "activity": activity_id,
+                "amount_cents": outcome.amount_cents,
+                "count": outcome.count,
+            },
         )
     return outcome
 

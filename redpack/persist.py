@@ -34,13 +34,12 @@ deadlocks): the run stops and hands its batch back for the next reclaim run, not
 grabs go on being answered meanwhile. Any other database error, or a conflict with MySQL (the
 packet is not available at that amount, the user holds another packet), fails the batch: its
 entries are then tried one by one, so one bad entry does not hold back the others. An entry
-that fails on its own gets a PersistFailure row (attempts, last error) and a JSON line on the
-redpack.persist.failures logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead: it leaves the
-stream, and only the admin's "retry" action (retry_failure) brings it to MySQL. Until then its
-activity is not settled, so its sender is not refunded.
+that fails on its own gets a PersistFailure row (attempts, last error) and a `persist_failed`
+event on the redpack.persist.failures logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead: it
+leaves the stream, and only the admin's "retry" action (retry_failure) brings it to MySQL.
+Until then its activity is not settled, so its sender is not refunded.
 """
 
-import json
 import logging
 import os
 import socket
@@ -66,7 +65,7 @@ from .models import (
     PersistFailure,
     PersistFailureStatus,
 )
-from .money import from_cents, to_cents
+from .money import from_cents, minus, to_cents
 
 logger = logging.getLogger(__name__)
 failure_log = logging.getLogger("redpack.persist.failures")
@@ -360,7 +359,7 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
     )
     Activity.objects.filter(pk=activity_id).update(
         surplus_count=F("surplus_count") - len(fresh),
-        surplus_amount=F("surplus_amount") - from_cents(sum(e.cents for e in fresh)),
+        surplus_amount=minus("surplus_amount", sum(e.cents for e in fresh)),
         version=F("version") + 1,
     )
 
@@ -420,18 +419,17 @@ def _failed(activity_id: int, entry: Entry, error: Exception) -> int:
         connection.close()
         raise DatabaseUnavailable(str(exc)) from exc
     failure_log.error(
-        json.dumps(
-            {
-                "event": "persist_failure",
-                "activity": activity_id,
-                "entry": entry.entry_id,
-                "user": entry.user_id,
-                "mark": entry.mark,
-                "attempts": failure.attempts,
-                "status": failure.status,
-                "error": text,
-            }
-        )
+        "grab not persisted",
+        extra={
+            "event": "persist_failed",
+            "activity": activity_id,
+            "entry": entry.entry_id,
+            "user": entry.user_id,
+            "mark": entry.mark,
+            "attempts": failure.attempts,
+            "status": str(failure.status),
+            "error": text,
+        },
     )
     if failure.status == PersistFailureStatus.DEAD:
         _acknowledge(activity_id, [entry.entry_id])
@@ -556,16 +554,17 @@ def retry_failure(failure_id: int) -> str | None:
             attempts=F("attempts") + 1, error=text, last_failed_at=timezone.now()
         )
         failure_log.error(
-            json.dumps(
-                {
-                    "event": "persist_retry_failed",
-                    "activity": failure.activity_id,
-                    "entry": failure.entry_id,
-                    "user": entry.user_id,
-                    "mark": entry.mark,
-                    "error": text,
-                }
-            )
+            "grab not persisted on retry",
+            extra={
+                "event": "persist_failed",
+                "activity": failure.activity_id,
+                "entry": failure.entry_id,
+                "user": entry.user_id,
+                "mark": entry.mark,
+                "attempts": failure.attempts + 1,
+                "status": str(failure.status),
+                "error": text,
+            },
         )
         return text
     logger.info("persist: grab %s of activity %s retried into MySQL", entry, failure.activity_id)

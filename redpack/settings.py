@@ -101,6 +101,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("TEST", {}).update(
         {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
     )
+# SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
+# transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR UPDATE,
+# so this is what keeps the row-locking strategies exact (writers run one at a time), and waiting
+# writers queue for up to `timeout` seconds (the busy timeout) instead of failing at once.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
@@ -135,6 +147,10 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Worker logs go through LOGGING below (structured), not Celery's own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
+REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
 # redis_queue_async's persister (redpack/persist.py): how often beat starts a persist run, how
 # long one run may go on, grabs per MySQL transaction, after how long a grab delivered to a
 # consumer that never acknowledged it is taken over, and after how many failures of its own a
@@ -151,6 +167,11 @@ REDPACK_PERSIST_FAULT_PAUSE = env.str("REDPACK_PERSIST_FAULT_PAUSE", default="")
 CELERY_BEAT_SCHEDULE = {
     "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
     "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+    "worker-heartbeat": {
+        "task": "redpack.tasks.heartbeat",
+        "schedule": REDPACK_HEARTBEAT_SECONDS,
+        "options": {"expires": REDPACK_HEARTBEAT_SECONDS},
+    },
     # A run that has not started within a few intervals is dropped: the next one does its work.
     "persist-grabs": {
         "task": "redpack.tasks.persist_grabs",
@@ -245,34 +266,45 @@ REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
 # Their keys expire this many seconds after the activity does (or after it closes).
 REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 
-# redpack.persist.failures logs one JSON object per grab that failed to persist (seed 001's
-# redpack.persist.log); PERSIST_FAILURE_LOG sends those lines to a file of their own as well.
+# One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
+# Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain" if DEBUG else "json")
+if LOG_FORMAT not in ("json", "plain"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be json or plain, not {LOG_FORMAT!r}")
+# redis_queue_async's grabs that failed to persist (event persist_failed) also go, as JSON lines,
+# to this file of their own when set (seed 001's redpack.persist.log).
 PERSIST_FAILURE_LOG = env.str("PERSIST_FAILURE_LOG", default="")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "line": {"format": "%(message)s"},
+        "json": {"()": "redpack.logs.JsonFormatter"},
+        "plain": {"()": "redpack.logs.PlainFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
         **(
             {
                 "persist_failures": {
                     "class": "logging.handlers.WatchedFileHandler",
                     "filename": PERSIST_FAILURE_LOG,
-                    "formatter": "line",
+                    "formatter": "json",
                 }
             }
             if PERSIST_FAILURE_LOG
             else {}
         ),
     },
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # Celery logs every task received, finished and sent by beat at INFO: with expiry every
+    # second that buries the events above. CELERY_TASK_LOG_LEVEL=INFO brings those lines back.
     "loggers": {
+        **{
+            name: {"level": env.str("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+            for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+        },
         "redpack.persist.failures": {
             "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],
-        }
+        },
     },
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }

@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.conf import settings
 
-from . import expiry, persist
+from . import expiry, health, persist
 
 
 @shared_task(ignore_result=True)
@@ -35,6 +35,12 @@ def refund_activity(activity_id: int) -> None:
 def sweep_overdue() -> int:
     """Every minute: put back into the ZSET any overdue activity that Redis lost."""
     return expiry.sweep()
+
+
+@shared_task(ignore_result=True)
+def heartbeat() -> None:
+    """From beat every REDPACK_HEARTBEAT_SECONDS: /healthz sees beat, broker and a worker alive."""
+    health.record_heartbeat()
 
 
 # The persister's runs stop by themselves well within these limits (REDPACK_PERSIST_RUN_SECONDS);

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from redpack import allocation
 from redpack.models import Activity, ActivityStatus, GrabDetail
-from redpack.money import from_cents, to_cents
+from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
 
@@ -45,7 +45,7 @@ class PessimisticStrategy(GrabStrategy):
                 )
                 Activity.objects.filter(pk=activity_id).update(
                     surplus_count=F("surplus_count") - 1,
-                    surplus_amount=F("surplus_amount") - from_cents(cents),
+                    surplus_amount=minus("surplus_amount", cents),
                     version=F("version") + 1,
                 )
                 return GrabResult(Outcome.GRABBED, cents)

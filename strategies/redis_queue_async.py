@@ -108,6 +108,9 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
     def settle(self, *, activity_id: int, timeout: float) -> bool:
         return persist.settle(activity_id, timeout=timeout)
 
+    def persist_lag(self) -> float | None:
+        return float(persist.lag()["oldest_age_seconds"])
+
     def audit(self, activity: Activity) -> list[str]:
         """Redis against MySQL plus the grabs on their way, read with the activity row locked so
         that no batch commits between the two reads."""

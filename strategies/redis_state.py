@@ -30,7 +30,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
-from redpack.money import from_cents, to_cents
+from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .lua import redis_client, script
@@ -241,7 +241,7 @@ class RedisStateStrategy(GrabStrategy):
                 # foreign key check), and two grabs upgrading theirs to exclusive would deadlock.
                 Activity.objects.filter(pk=activity_id).update(
                     surplus_count=F("surplus_count") - 1,
-                    surplus_amount=F("surplus_amount") - from_cents(cents),
+                    surplus_amount=minus("surplus_amount", cents),
                     version=F("version") + 1,
                 )
                 write(activity_id, user_id, cents, packet_id)

@@ -202,11 +202,7 @@ def test_schema_docs_and_healthz_are_public():
     assert APIClient().get("/api/docs/").status_code == 200
     health = APIClient().get("/healthz")
     assert health.status_code == 200
-    assert health.json() == {
-        "status": "ok",
-        "checks": {"database": "ok", "redis": "ok"},
-        "persist": {"pending": 0, "oldest_age_seconds": 0.0},
-    }
+    assert health.json()["checks"]["database"] == health.json()["checks"]["redis"] == "ok"
 
 
 def test_grab_of_a_user_only_counts_for_the_token_owner(sender, make_users):

@@ -149,6 +149,9 @@ class StrategySerializer(serializers.Serializer):
     tradeoff = serializers.CharField()
     safe = serializers.BooleanField()
     allowed = serializers.BooleanField()
+    unavailable_reason = serializers.CharField(
+        allow_null=True, help_text="Why it may not be chosen here (null when allowed)."
+    )
 
 
 class ErrorDetailSerializer(serializers.Serializer):

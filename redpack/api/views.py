@@ -1,8 +1,6 @@
 """Thin views: validate with a serializer, call one service, render."""
 
-from django.db import connection
 from django.http import JsonResponse
-from django_redis import get_redis_connection
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.request import Request
@@ -10,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
 
-from redpack import persist, services
+from redpack import health, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
@@ -144,34 +142,17 @@ class StrategyListView(APIView):
                     "tradeoff": strategy.tradeoff,
                     "safe": strategy.safe,
                     "allowed": registry.allowed(name),
+                    "unavailable_reason": registry.unavailable_reason(name),
                 }
             )
         return Response(StrategySerializer(rows, many=True).data)
 
 
 def healthz(request: Request) -> JsonResponse:
-    """Database and Redis reachability (503 when either is down), and redis_queue_async's
-    persist lag: grabs answered but not yet in MySQL, and the oldest one's age."""
-    checks: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means "down", reported as text
-        checks["database"] = f"error: {exc}"
-    try:
-        get_redis_connection("default").ping()
-        checks["redis"] = "ok"
-    except Exception as exc:  # noqa: BLE001
-        checks["redis"] = f"error: {exc}"
-    healthy = all(v == "ok" for v in checks.values())
-    lag: dict[str, object] = {"error": "Redis is down"}
-    if checks["redis"] == "ok":
-        try:
-            lag = dict(persist.lag())
-        except Exception as exc:  # noqa: BLE001 - reported as text, like the checks
-            lag = {"error": str(exc)}
-    return JsonResponse(
-        {"status": "ok" if healthy else "down", "checks": checks, "persist": lag},
-        status=200 if healthy else 503,
-    )
+    """Database, Redis, broker, worker heartbeat and persist lag (redpack/health.py).
+
+    503 when the database or Redis is down; `degraded` (still 200) when only the broker or the
+    worker is.
+    """
+    body, code = health.report()
+    return JsonResponse(body, status=code)
