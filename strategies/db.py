@@ -1,0 +1,97 @@
+"""SQL steps the MySQL strategies share: look up a grab, record one, claim a packet, close.
+
+Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
+activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
+(activity_id, status) of the packets: inserting a detail, or changing a packet's status, takes
+a shared lock on the activity row. Two grabs that each hold it shared and then both want to
+update the row deadlock. So every strategy takes the activity row exclusively (its decrement,
+or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's status.
+"""
+
+from django.db.models import F
+from django.utils import timezone
+
+from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
+from redpack.money import from_cents, to_cents
+
+from .base import CloseResult, GrabResult, Outcome
+
+
+def existing_cents(*, activity_id: int, user_id: int) -> int | None:
+    """What this user already grabbed from the activity, if anything."""
+    amount = (
+        GrabDetail.objects.filter(activity_id=activity_id, user_id=user_id)
+        .values_list("amount", flat=True)
+        .first()
+    )
+    return None if amount is None else to_cents(amount)
+
+
+def already_grabbed(*, activity_id: int, user_id: int) -> GrabResult:
+    """The answer once UNIQUE (activity, user) refused a second detail row for this user."""
+    return GrabResult(
+        Outcome.ALREADY_GRABBED, existing_cents(activity_id=activity_id, user_id=user_id)
+    )
+
+
+def record_grab(
+    *,
+    activity_id: int,
+    user_id: int,
+    cents: int,
+    version: int | None = None,
+    open_only: bool = False,
+    redpack_id: int | None = None,
+) -> bool:
+    """Take `cents` and one packet from the surplus, then insert the detail row (in that order,
+    see the module docstring).
+
+    Call it inside a transaction. The decrement is a conditional UPDATE: `version` fences it
+    against any other write since the caller read the row; `open_only` refuses it once the
+    activity is closed or expired. False when the condition failed and nothing was written by
+    this call. IntegrityError from the insert means this user already holds a packet; the
+    caller's transaction must roll back the decrement with it.
+    """
+    activity = Activity.objects.filter(pk=activity_id)
+    if version is not None:
+        activity = activity.filter(version=version)
+    if open_only:
+        activity = activity.filter(status=ActivityStatus.OPEN, expires_at__gt=timezone.now())
+    taken = activity.update(
+        surplus_count=F("surplus_count") - 1,
+        surplus_amount=F("surplus_amount") - from_cents(cents),
+        version=F("version") + 1,
+    )
+    if not taken:
+        return False
+    GrabDetail.objects.create(
+        activity_id=activity_id, user_id=user_id, amount=from_cents(cents), redpack_id=redpack_id
+    )
+    return True
+
+
+def claim_packet(*, packet_id: int, version: int, user_id: int) -> bool:
+    """Mark a pre-split packet taken if nobody claimed it since it was read at `version`.
+
+    Call it only while holding the activity row exclusively (see the module docstring).
+    """
+    return bool(
+        Packet.objects.filter(pk=packet_id, status=PacketStatus.AVAILABLE, version=version).update(
+            status=PacketStatus.TAKEN, grabbed_by_id=user_id, version=F("version") + 1
+        )
+    )
+
+
+def close_row_locked(*, activity_id: int) -> CloseResult:
+    """Close under the activity's row lock; idempotent. Call it inside a transaction.
+
+    A grab that already decremented holds the row lock until it commits, so the remainder read
+    here includes it; a grab that has not yet decremented waits for this one to commit and then
+    finds the activity closed (or its version moved).
+    """
+    activity = Activity.objects.select_for_update().get(pk=activity_id)
+    if activity.status == ActivityStatus.OPEN:
+        Activity.objects.filter(pk=activity_id).update(
+            status=ActivityStatus.CLOSED, version=F("version") + 1
+        )
+    return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
