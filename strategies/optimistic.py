@@ -65,8 +65,10 @@ class OptimisticStrategy(GrabStrategy):
             remaining = CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
             if activity.status != ActivityStatus.OPEN:
                 return remaining
-            closed = Activity.objects.filter(
-                pk=activity_id, version=activity.version, status=ActivityStatus.OPEN
-            ).update(status=ActivityStatus.CLOSED, version=F("version") + 1)
+            # The version alone says nothing changed since the read, status included (and
+            # keeps the optimizer on the primary key, see db._take_from_surplus).
+            closed = Activity.objects.filter(pk=activity_id, version=activity.version).update(
+                status=ActivityStatus.CLOSED, version=F("version") + 1
+            )
             if closed:
                 return remaining
