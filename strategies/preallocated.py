@@ -79,10 +79,10 @@ class PreallocatedStrategy(GrabStrategy):
 
 
 def random_available(activity: Activity, size: int) -> QuerySet[Packet]:
-    """Up to `size` available packets in id order, from a uniformly random one on (plain read).
+    """Up to `size` available packets in id order, starting at a uniformly random one.
 
-    A plain read takes no lock: a locking range scan of (activity_id, status) would also lock
-    the entry just past its range, a taken packet's, which the next claim has to rewrite.
+    A plain read, on purpose: a locking range scan of (activity_id, status) would also lock the
+    entry just past its range, a taken packet's, which the next claim has to rewrite.
     """
     offset = random.randrange(activity.surplus_count)
     return Packet.objects.filter(activity_id=activity.pk, status=PacketStatus.AVAILABLE).order_by(
