@@ -5,15 +5,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+LOCUST_PORT ?= 8089
 WEB_WORKERS ?= 2
 WEB_THREADS ?= 8
+WORKER_CONCURRENCY ?= 2
+# The MySQL driver compiles against the client headers (pkg-config, libmariadb-dev). Without
+# them the install leaves it out: `make run` falls back to SQLite, `make test` asks for them.
+MYSQL_HEADERS := $(shell pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists mariadb 2>/dev/null && echo yes)
+EXTRAS := $(if $(MYSQL_HEADERS),[dev],)
 
-.PHONY: run test install lint typecheck clean
+.PHONY: run test install lint typecheck clean compare
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(if $(MYSQL_HEADERS),,@echo "no MySQL client headers: installing without the MySQL driver (SQLite only)")
+	$(VENV)/bin/pip install --quiet -e '.$(EXTRAS)'
 	touch $@
 
 install: $(VENV)/.installed
@@ -23,22 +30,24 @@ install: $(VENV)/.installed
 	@echo "SECRET_KEY=$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))')" > .env
 	@echo "wrote .env with a fresh SECRET_KEY"
 
+# Web, Celery worker, one Celery beat and the Locust UI under honcho (Procfile), on MariaDB and
+# Redis when they answer, else on embedded SQLite and Redis: see redpack/launch.py. Ctrl-C stops all.
 run: install .env
-	$(PY) manage.py create_database
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py collectstatic --noinput --verbosity 0
-	$(PY) manage.py create_demo_admin --username admin --password admin
-	@echo ""
-	@echo "  admin     http://$(HOST):$(PORT)/admin/   (log in as admin / admin)"
-	@echo "  API docs  http://$(HOST):$(PORT)/api/docs/"
-	@echo "  API       http://$(HOST):$(PORT)/api/   (token: POST /api/token/ with username and password)"
-	@echo "  health    http://$(HOST):$(PORT)/healthz"
-	@echo ""
-	$(VENV)/bin/gunicorn redpack.wsgi:application --bind $(HOST):$(PORT) \
-		--workers $(WEB_WORKERS) --threads $(WEB_THREADS) --access-logfile -
+	$(PY) -m redpack.launch run --host $(HOST) --port $(PORT) --locust-port $(LOCUST_PORT) \
+		--web-workers $(WEB_WORKERS) --web-threads $(WEB_THREADS) \
+		--worker-concurrency $(WORKER_CONCURRENCY)
 
 test: install
+	@$(PY) -c 'import MySQLdb, pytest' 2>/dev/null || $(VENV)/bin/pip install --quiet -e '.[dev]'
 	$(PY) -m pytest
+
+# Every strategy through the direct bench and Locust next to this machine's ceilings; writes
+# reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
+COMPARE_ARGS ?=
+compare: install .env
+	$(PY) manage.py create_database
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py compare $(COMPARE_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -48,4 +57,4 @@ typecheck: install
 	$(VENV)/bin/mypy redpack strategies
 
 clean:
-	rm -rf $(VENV) staticfiles .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) staticfiles .run .pytest_cache .mypy_cache .ruff_cache

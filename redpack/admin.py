@@ -1,20 +1,20 @@
 from django import forms
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from strategies import registry
 
-from . import services
+from . import expiry, services
 from .allocation import Allocation
 from .errors import RedpackError
-from .models import Activity, GrabDetail
+from .models import Activity, GrabDetail, Refund
 
 
 class ActivitySendForm(forms.ModelForm):
     """Creation goes through services.activity_send, like the API, so packets get prepared."""
 
-    expires_in = forms.IntegerField(initial=86400, help_text="Seconds until the activity expires.")
+    expires_in = forms.IntegerField()  # bounds from settings, set per form in __init__
 
     class Meta:
         model = Activity
@@ -23,15 +23,24 @@ class ActivitySendForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.fields["strategy"] = forms.ChoiceField(
-            choices=[(n, f"{n} — {registry.get(n).label}") for n in registry.names()
-                     if registry.allowed(n)]
+            choices=[
+                (n, f"{n} — {registry.get(n).label}")
+                for n in registry.names()
+                if registry.allowed(n)
+            ]
         )
         self.fields["allocation"] = forms.ChoiceField(
             choices=[(a.value, a.value) for a in Allocation], initial=Allocation.DOUBLE_AVERAGE
         )
-        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
-        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
-        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+        self.fields["total_count"] = forms.IntegerField(
+            min_value=1, max_value=settings.REDPACK_MAX_COUNT
+        )
+        self.fields["expires_in"] = forms.IntegerField(
+            initial=86400,
+            min_value=settings.REDPACK_MIN_EXPIRES_IN,
+            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            help_text="Seconds until the activity expires.",
+        )
 
     def clean(self) -> dict:
         data = super().clean() or {}
@@ -52,7 +61,7 @@ class ActivitySendForm(forms.ModelForm):
 class GrabDetailInline(admin.TabularInline):
     model = GrabDetail
     fields = ["user", "amount", "redpack", "created_at"]
-    readonly_fields = fields
+    readonly_fields = ["user", "amount", "redpack", "created_at"]
     extra = 0
     can_delete = False
     show_change_link = False
@@ -63,13 +72,57 @@ class GrabDetailInline(admin.TabularInline):
 
 @admin.register(Activity)
 class ActivityAdmin(admin.ModelAdmin):
-    list_display = ["id", "sender", "strategy", "allocation", "status", "progress",
-                    "surplus_amount", "total_amount", "expires_at"]
+    actions = ["expire_now"]
+    list_display = [
+        "id",
+        "sender",
+        "strategy",
+        "allocation",
+        "status",
+        "progress",
+        "surplus_amount",
+        "total_amount",
+        "refunded",
+        "expires_at",
+    ]
     list_filter = ["strategy", "status", "allocation"]
     search_fields = ["id", "sender__username"]
     inlines = [GrabDetailInline]
-    readonly_fields = ["sender", "total_amount", "surplus_amount", "total_count", "surplus_count",
-                       "strategy", "allocation", "status", "version", "created_at", "expires_at"]
+    readonly_fields = [
+        "sender",
+        "total_amount",
+        "surplus_amount",
+        "total_count",
+        "surplus_count",
+        "strategy",
+        "allocation",
+        "status",
+        "version",
+        "created_at",
+        "expires_at",
+    ]
+
+    @admin.display(description="refunded")
+    def refunded(self, activity: Activity) -> str:
+        refund = getattr(activity, "refund", None)
+        return f"{refund.amount} ({refund.count})" if refund else "—"
+
+    @admin.action(description="Expire now and refund the sender", permissions=["expire"])
+    def expire_now(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
+        refunded = 0
+        for activity in queryset.exclude(status="refunded"):
+            try:
+                expiry.refund(activity_id=activity.pk, force=True)
+                refunded += 1
+            except expiry.NotSettled as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        self.message_user(request, f"{refunded} activities expired and refunded.")
+
+    def has_expire_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("redpack.expire_activity")
+
+    def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).select_related("sender", "refund")
 
     @admin.display(description="grabbed / total")
     def progress(self, activity: Activity) -> str:
@@ -78,8 +131,13 @@ class ActivityAdmin(admin.ModelAdmin):
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
             kwargs["form"] = ActivitySendForm
-            kwargs["fields"] = ["total_amount", "total_count", "strategy", "allocation",
-                                "expires_in"]
+            kwargs["fields"] = [
+                "total_amount",
+                "total_count",
+                "strategy",
+                "allocation",
+                "expires_in",
+            ]
         return super().get_form(request, obj, change, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
@@ -104,4 +162,24 @@ class ActivityAdmin(admin.ModelAdmin):
         obj.refresh_from_db()
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Refund)
+class RefundAdmin(admin.ModelAdmin):
+    list_display = ["activity", "sender", "amount", "count", "created_at"]
+    list_select_related = ["activity__sender"]
+    readonly_fields = ["activity", "amount", "count", "created_at"]
+
+    @admin.display(description="sender")
+    def sender(self, refund: Refund) -> str:
+        return str(refund.activity.sender)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

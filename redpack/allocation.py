@@ -32,7 +32,9 @@ def validate(total_cents: int, count: int) -> None:
 
 
 def draw(
-    kind: Allocation | str, remaining_cents: int, remaining_count: int,
+    kind: Allocation | str,
+    remaining_cents: int,
+    remaining_count: int,
     rng: random.Random = _system_random,
 ) -> int:
     """One amount taken from (remaining amount, remaining count); the last packet takes the rest."""

@@ -8,4 +8,6 @@ class RedpackConfig(AppConfig):
     def ready(self) -> None:
         from strategies import registry
 
+        from .api import schema  # noqa: F401 - registers the OpenAPI extensions
+
         registry.register_checks()

@@ -64,8 +64,10 @@ def audit_activity(
     )
 
     doubled = list(
-        details.values("user_id").annotate(n=Count("id")).filter(n__gt=1).values_list("user_id",
-                                                                                       flat=True)
+        details.values("user_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .values_list("user_id", flat=True)
     )
     report.duplicates = len(doubled)
     report.check("one packet per user", not doubled, f"users holding two packets: {doubled[:10]}")
@@ -78,8 +80,11 @@ def audit_activity(
     if answers is not None:
         _audit_answers(activity, answers, report)
     strategy_violations = registry.get(activity.strategy).audit(activity)
-    report.check(f"{activity.strategy}: own invariants", not strategy_violations,
-                 "; ".join(strategy_violations))
+    report.check(
+        f"{activity.strategy}: own invariants",
+        not strategy_violations,
+        "; ".join(strategy_violations),
+    )
     return report
 
 

@@ -19,3 +19,8 @@ class NotFound(RedpackError):
 class InvalidInput(RedpackError):
     status = 400
     code = "invalid"
+
+
+class Forbidden(RedpackError):
+    status = 403
+    code = "permission_denied"

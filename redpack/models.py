@@ -8,8 +8,11 @@ from django.db.models import F, Q
 
 from .allocation import Allocation
 
-MONEY = {"max_digits": 12, "decimal_places": 2}
 ONE_CENT = Decimal("0.01")
+
+
+def money_field() -> "models.DecimalField[Decimal, Decimal]":
+    return models.DecimalField(max_digits=12, decimal_places=2)
 
 
 class ActivityStatus(models.TextChoices):
@@ -24,8 +27,8 @@ class Activity(models.Model):
     sender = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="sent_activities"
     )
-    total_amount = models.DecimalField(**MONEY)
-    surplus_amount = models.DecimalField(**MONEY)
+    total_amount = money_field()
+    surplus_amount = money_field()
     total_count = models.PositiveIntegerField()
     surplus_count = models.PositiveIntegerField()
     strategy = models.CharField(max_length=32)
@@ -42,6 +45,7 @@ class Activity(models.Model):
     class Meta:
         db_table = "t_redpack_activity"
         verbose_name_plural = "activities"
+        permissions = [("expire_activity", "Can expire an activity now and refund its sender")]
         indexes = [models.Index(fields=["status", "expires_at"], name="activity_status_expiry")]
         constraints = [
             models.CheckConstraint(condition=Q(total_count__gte=1), name="activity_count_min"),
@@ -72,7 +76,7 @@ class Packet(models.Model):
     """A packet cut at send time, for the pre-allocating strategies (seed 001's 红包表)."""
 
     activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="packets")
-    amount = models.DecimalField(**MONEY)
+    amount = money_field()
     status = models.PositiveSmallIntegerField(
         choices=PacketStatus.choices, default=PacketStatus.AVAILABLE
     )
@@ -93,13 +97,16 @@ class Packet(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"packet #{self.pk} {self.amount} of activity {self.activity_id}"
+
 
 class GrabDetail(models.Model):
     """One successful grab (明细表). UNIQUE (activity, user) is the last line of the dedupe."""
 
     activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="details")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    amount = models.DecimalField(**MONEY)
+    amount = money_field()
     redpack = models.ForeignKey(Packet, null=True, blank=True, on_delete=models.PROTECT)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -111,12 +118,15 @@ class GrabDetail(models.Model):
             models.CheckConstraint(condition=Q(amount__gte=ONE_CENT), name="detail_amount_min"),
         ]
 
+    def __str__(self) -> str:
+        return f"user {self.user_id} got {self.amount} from activity {self.activity_id}"
+
 
 class Refund(models.Model):
     """What went back to the sender when the activity closed; at most one per activity."""
 
     activity = models.OneToOneField(Activity, on_delete=models.CASCADE, related_name="refund")
-    amount = models.DecimalField(**MONEY)
+    amount = money_field()
     count = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -125,3 +135,6 @@ class Refund(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(amount__gte=0), name="refund_amount_nonneg"),
         ]
+
+    def __str__(self) -> str:
+        return f"refund of {self.amount} ({self.count} packets) for activity {self.activity_id}"

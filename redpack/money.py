@@ -2,6 +2,9 @@
 
 from decimal import Decimal, InvalidOperation
 
+from django.db.models import F
+from django.db.models.functions import Round
+
 CENT = Decimal("0.01")
 
 
@@ -18,3 +21,13 @@ def to_cents(amount: Decimal | str | int) -> int:
 
 def from_cents(cents: int) -> Decimal:
     return (Decimal(cents) / 100).quantize(CENT)
+
+
+def minus(field: str, cents: int) -> Round:
+    """`field - cents` in SQL on a DECIMAL(…, 2) column, rounded to the cent.
+
+    The rounding changes nothing on MySQL, where DECIMAL arithmetic is exact. SQLite (the
+    embedded fallback of `make run`) does it in floating point, and unrounded the stored value
+    drifts: 0.30 - 0.10 - 0.10 - 0.10 is -2.8e-17 there, which breaks the CHECK constraints.
+    """
+    return Round(F(field) - from_cents(cents), 2)

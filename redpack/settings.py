@@ -24,6 +24,23 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# Behind HTTPS (a TLS-terminating proxy that sets X-Forwarded-Proto): secure cookies, HSTS,
+# redirect plain HTTP. Off by default so `make run` works on http://127.0.0.1.
+HTTPS = env.bool("HTTPS", default=False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SECURE_SSL_REDIRECT = HTTPS
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# Request bodies above this size are refused with 413 before they are read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BYTES", default=64 * 1024)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -39,6 +56,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "redpack.api.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -76,10 +94,24 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
             "charset": "utf8mb4",
             "isolation_level": "read committed",
             "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
+            # Bounded handshake: a connect lost in a full listen backlog fails instead of hanging.
+            "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
         }
     )
     DATABASES["default"].setdefault("TEST", {}).update(
         {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    )
+# SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
+# transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR UPDATE,
+# so this is what keeps the row-locking strategies exact (writers run one at a time), and waiting
+# writers queue for up to `timeout` seconds (the busy timeout) instead of failing at once.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
     )
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
@@ -112,6 +144,20 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TIMEZONE = "UTC"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Worker logs go through LOGGING below (structured), not Celery's own format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
+REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
+CELERY_BEAT_SCHEDULE = {
+    "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
+    "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+    "worker-heartbeat": {
+        "task": "redpack.tasks.heartbeat",
+        "schedule": REDPACK_HEARTBEAT_SECONDS,
+        "options": {"expires": REDPACK_HEARTBEAT_SECONDS},
+    },
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -138,9 +184,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "redpack.api.schema.RedpackAutoSchema",
     "EXCEPTION_HANDLER": "redpack.api.errors.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "redpack.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": None,
 }
@@ -158,6 +204,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "redpack.api.schema.no_null_characters",
+    ],
 }
 
 # Grab strategies: name -> dotted path. An unknown or unimportable entry fails `manage.py check`.
@@ -168,6 +218,8 @@ REDPACK_STRATEGIES = {
     "preallocated": "strategies.preallocated.PreallocatedStrategy",
     "preallocated_skip_locked": "strategies.preallocated_skip_locked.SkipLockedStrategy",
     "unsafe": "strategies.unsafe.UnsafeStrategy",
+    "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
+    "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
 }
 # Strategies marked unsafe (they oversell under contention) are refused unless this is on.
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
@@ -183,13 +235,43 @@ REDPACK_PREALLOCATED_MAX_RETRIES = env.int("REDPACK_PREALLOCATED_MAX_RETRIES", d
 REDPACK_RETRY_BACKOFF = env.float("REDPACK_RETRY_BACKOFF", default=0.005)
 REDPACK_MAX_COUNT = env.int("REDPACK_MAX_COUNT", default=10_000)
 REDPACK_MAX_TOTAL_AMOUNT = env.str("REDPACK_MAX_TOTAL_AMOUNT", default="1000000.00")
+# The average packet may not exceed this (double-average draws stay below twice the average).
+REDPACK_MAX_PACKET_AMOUNT = env.str("REDPACK_MAX_PACKET_AMOUNT", default="200.00")
+# Per-user rates kept in Redis (DRF throttles over django-redis); empty means unthrottled.
+REDPACK_THROTTLE_RATES = {
+    "grab": env.str("REDPACK_GRAB_RATE", default="120/min") or None,
+    "send": env.str("REDPACK_SEND_RATE", default="30/min") or None,
+}
+# Expiry: due activities are claimed in batches and leased while their refund runs.
+REDPACK_EXPIRY_BATCH = env.int("REDPACK_EXPIRY_BATCH", default=100)
+REDPACK_EXPIRY_LEASE_SECONDS = env.float("REDPACK_EXPIRY_LEASE_SECONDS", default=60.0)
+REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
+# The Redis strategies keep their state in REDIS_URL, or in this Redis Cluster when set
+# (redis://host:port of any node; keys of one activity share a hash tag, so one slot).
+REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
+# Their keys expire this many seconds after the activity does (or after it closes).
+REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 
+# One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
+# Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain" if DEBUG else "json")
+if LOG_FORMAT not in ("json", "plain"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be json or plain, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "redpack.logs.JsonFormatter"},
+        "plain": {"()": "redpack.logs.PlainFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # Celery logs every task received, finished and sent by beat at INFO: with expiry every
+    # second that buries the events above. CELERY_TASK_LOG_LEVEL=INFO brings those lines back.
+    "loggers": {
+        name: {"level": env.str("CELERY_TASK_LOG_LEVEL", default="WARNING")}
+        for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+    },
 }

@@ -8,3 +8,7 @@ urlpatterns = [
     path("api/", include("redpack.api.urls")),
     path("healthz", healthz, name="healthz"),
 ]
+
+handler400 = "redpack.api.handlers.bad_request"
+handler404 = "redpack.api.handlers.not_found"
+handler500 = "redpack.api.handlers.server_error"

@@ -41,7 +41,20 @@ class GrabStrategy:
     name: ClassVar[str]
     label: ClassVar[str]
     tradeoff: ClassVar[str]  # one line, shown by /api/strategies/ and the admin
+    # Database vendors (Django's connection.vendor) on which this strategy is exact; empty: any.
+    # Elsewhere it is listed as unavailable with the reason, never run, e.g. SKIP LOCKED needs
+    # {"mysql"}: SQLite (the embedded fallback of `make run`) has no row locks to skip. On
+    # SQLite every transaction takes the write lock at BEGIN and SELECT … FOR UPDATE is a no-op;
+    # DECIMAL arithmetic in SQL is floating point there: decrement amounts with money.minus.
+    requires: ClassVar[frozenset[str]] = frozenset()
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
+    # For the bench's Redis ceiling (`manage.py compare`): the strategy's one-round-trip grab
+    # script in strategies/lua/ and its EVALSHA arguments after the SHA, with "$activity",
+    # "$user", "$now" and "$now_ms" (epoch seconds, milliseconds) standing for their values:
+    #   ("grab.lua", "2", "rp:{$activity}:packets", "rp:{$activity}:grabbed", "$user")
+    # compare prepares a real activity of this strategy and runs the script with
+    # redis-benchmark. None: no such script (the MySQL strategies).
+    ceiling_script: ClassVar[tuple[str, ...] | None] = None
 
     def prepare(self, activity: "Activity") -> None:
         raise NotImplementedError
@@ -55,6 +68,11 @@ class GrabStrategy:
     def settle(self, *, activity_id: int, timeout: float) -> bool:
         """True once every acknowledged grab of the activity is in MySQL."""
         return True
+
+    def persist_lag(self) -> float | None:
+        """Seconds the oldest acknowledged grab has waited to reach MySQL, 0.0 when none waits;
+        None for strategies that write before they answer. /healthz reports the largest."""
+        return None
 
     def audit(self, activity: "Activity") -> list[str]:
         """Violations of strategy-specific invariants; the auditor adds the common ones."""

@@ -15,7 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
-from redpack.money import from_cents, to_cents
+from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, Outcome
 
@@ -69,23 +69,32 @@ def record_grab(
 def _take_from_surplus(
     *, activity_id: int, cents: int, version: int | None, open_only: bool
 ) -> int:
-    """The conditional decrement, by primary key. Raw SQL for one reason: FORCE INDEX.
+    """The conditional decrement; on MySQL by primary key, forced.
 
-    On a small table the optimizer may run `WHERE id=? AND status='open' AND expires_at > ?`
+    On a small table MySQL's optimizer may run `WHERE id=? AND status='open' AND expires_at > ?`
     through the (status, expires_at) index and lock that entry before the row; close() rewrites
     the entry when it flips the status, and the two deadlock (test_close_race.py caught it).
+    Django cannot hint an index, hence the raw statement. Elsewhere (the SQLite fallback) the
+    ORM runs it, with money.minus keeping the DECIMAL exact.
     """
+    surplus = Activity.objects.filter(pk=activity_id)
     conditions = ["id = %s"]
     params: list[Decimal | int | str | None] = [from_cents(cents), activity_id]
     if version is not None:
+        surplus = surplus.filter(version=version)
         conditions.append("version = %s")
         params.append(version)
     if open_only:
+        now = timezone.now()
+        surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=now)
         conditions.append("status = %s AND expires_at > %s")
-        params += [
-            ActivityStatus.OPEN.value,
-            connection.ops.adapt_datetimefield_value(timezone.now()),
-        ]
+        params += [ActivityStatus.OPEN.value, connection.ops.adapt_datetimefield_value(now)]
+    if connection.vendor != "mysql":
+        return surplus.update(
+            surplus_count=F("surplus_count") - 1,
+            surplus_amount=minus("surplus_amount", cents),
+            version=F("version") + 1,
+        )
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Activity._meta.db_table} FORCE INDEX (PRIMARY)"

@@ -40,6 +40,7 @@ class SkipLockedStrategy(PreallocatedStrategy):
     name = "preallocated_skip_locked"
     label = "pre-split packets, FOR UPDATE SKIP LOCKED"
     tradeoff = "Each grab locks a packet nobody else holds: no lost races; needs SKIP LOCKED."
+    requires = frozenset({"mysql"})  # SQLite has no row locks to skip
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         activity = Activity.objects.get(pk=activity_id)

@@ -4,6 +4,7 @@ from functools import cache
 
 from django.conf import settings
 from django.core import checks
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils.module_loading import import_string
 
 from .base import GrabStrategy
@@ -21,10 +22,20 @@ def names() -> list[str]:
 
 
 def allowed(name: str) -> bool:
-    """Configured, and safe unless unsafe strategies are explicitly allowed."""
-    return name in settings.REDPACK_STRATEGIES and (
-        get(name).safe or settings.REDPACK_ALLOW_UNSAFE_STRATEGIES
-    )
+    """Configured, exact on this database, and safe unless unsafe strategies are allowed."""
+    return name in settings.REDPACK_STRATEGIES and unavailable_reason(name) is None
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why a configured strategy may not be chosen here, or None when it may."""
+    strategy = get(name)
+    vendor = connections[DEFAULT_DB_ALIAS].vendor
+    if strategy.requires and vendor not in strategy.requires:
+        needs = " or ".join(sorted(strategy.requires))
+        return f"needs {needs}; this server runs on {vendor}"
+    if not strategy.safe and not settings.REDPACK_ALLOW_UNSAFE_STRATEGIES:
+        return "unsafe (oversells under contention); set REDPACK_ALLOW_UNSAFE_STRATEGIES=1"
+    return None
 
 
 def check_strategies(**kwargs: object) -> list[checks.CheckMessage]:
@@ -43,7 +54,9 @@ def check_strategies(**kwargs: object) -> list[checks.CheckMessage]:
             continue
         if not (isinstance(strategy_class, type) and issubclass(strategy_class, GrabStrategy)):
             errors.append(
-                checks.Error(f"strategy {name!r}: {path!r} is not a GrabStrategy", id="redpack.E002")
+                checks.Error(
+                    f"strategy {name!r}: {path!r} is not a GrabStrategy", id="redpack.E002"
+                )
             )
         elif strategy_class.name != name:
             errors.append(

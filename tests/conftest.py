@@ -50,3 +50,14 @@ def make_users(db) -> Callable[[int], list[AbstractUser]]:  # type: ignore[no-un
 @pytest.fixture
 def sender(make_users) -> AbstractUser:  # type: ignore[no-untyped-def]
     return make_users(1, prefix="sender")[0]
+
+
+def pytest_generate_tests(metafunc):  # type: ignore[no-untyped-def]
+    """Every registered safe strategy joins the contract by being registered."""
+    if "safe_strategy" in metafunc.fixturenames:
+        from django.conf import settings
+
+        from strategies import registry
+
+        names = [n for n in settings.REDPACK_STRATEGIES if registry.get(n).safe]
+        metafunc.parametrize("safe_strategy", names)

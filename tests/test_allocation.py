@@ -62,9 +62,7 @@ def test_last_packet_takes_the_rest():
         assert draw(kind, 1234, 1) == 1234
 
 
-@pytest.mark.parametrize(
-    ("total", "count"), [(99, 100), (0, 1), (10, 0), (10, -3), (-5, 1)]
-)
+@pytest.mark.parametrize(("total", "count"), [(99, 100), (0, 1), (10, 0), (10, -3), (-5, 1)])
 def test_invalid_inputs_raise_a_clear_error(total, count):
     for kind in Allocation:
         with pytest.raises(AllocationError):

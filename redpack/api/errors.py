@@ -1,6 +1,6 @@
 """One JSON error shape for every 4xx:
 
-    {"error": {"code": "...", "message": "...", "fields": {"<field>": ["..."]}}}
+{"error": {"code": "...", "message": "...", "fields": {"<field>": ["..."]}}}
 """
 
 from typing import Any

@@ -1,32 +1,72 @@
+import re
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
-from redpack.models import Activity, GrabDetail
+from redpack.models import Activity, GrabDetail, Refund
 from strategies import registry
 from strategies.base import Outcome
 
+MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
+
+
+@extend_schema_field({"type": "string", "pattern": MONEY_PATTERN, "example": "100.00"})
+class MoneyField(serializers.Field):
+    """An amount as a decimal string of ASCII digits with at most two decimals; never a float."""
+
+    default_error_messages = {
+        "invalid": 'Send the amount as a decimal string with at most two decimals, e.g. "12.34".',
+        "min_value": "Must be at least 0.01.",
+    }
+
+    def to_internal_value(self, data: object) -> Decimal:
+        if not isinstance(data, str) or not re.fullmatch(MONEY_PATTERN, data):
+            self.fail("invalid")
+        amount = Decimal(data)
+        if amount < Decimal("0.01"):
+            self.fail("min_value")
+        return amount
+
+    def to_representation(self, value: Decimal) -> str:
+        return str(value)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (or a string of ASCII digits, for HTML forms); never a float or a bool."""
+
+    def to_internal_value(self, data: Any) -> int:
+        ascii_digits = isinstance(data, str) and data.isascii() and data.lstrip("-").isdigit()
+        if isinstance(data, bool) or not (isinstance(data, int) or ascii_digits):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
 
 class ActivityCreateSerializer(serializers.Serializer):
-    total_amount = serializers.DecimalField(
-        max_digits=12, decimal_places=2, min_value=Decimal("0.01"),
-        help_text="Decimal string, at most two decimals.",
-    )
-    total_count = serializers.IntegerField(min_value=1)
-    strategy = serializers.ChoiceField(choices=[])
+    total_amount = MoneyField(help_text="Decimal string, at most two decimals, at least 0.01.")
     allocation = serializers.ChoiceField(
         choices=[a.value for a in Allocation], default=Allocation.DOUBLE_AVERAGE.value
     )
-    expires_in = serializers.IntegerField(default=86400, help_text="Seconds until expiry.")
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.fields["strategy"].choices = [n for n in registry.names() if registry.allowed(n)]
-        self.fields["total_count"].max_value = settings.REDPACK_MAX_COUNT
-        self.fields["expires_in"].min_value = settings.REDPACK_MIN_EXPIRES_IN
-        self.fields["expires_in"].max_value = settings.REDPACK_MAX_EXPIRES_IN
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """Bounds and choices come from settings at request time, so they follow overrides."""
+        fields = super().get_fields()
+        fields["total_count"] = StrictIntegerField(
+            min_value=1, max_value=settings.REDPACK_MAX_COUNT
+        )
+        fields["strategy"] = serializers.ChoiceField(
+            choices=[n for n in registry.names() if registry.allowed(n)]
+        )
+        fields["expires_in"] = StrictIntegerField(
+            default=86400,
+            min_value=settings.REDPACK_MIN_EXPIRES_IN,
+            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            help_text="Seconds until expiry.",
+        )
+        return fields
 
 
 class ActivitySerializer(serializers.ModelSerializer):
@@ -40,9 +80,19 @@ class ActivitySerializer(serializers.ModelSerializer):
     class Meta:
         model = Activity
         fields = [
-            "id", "sender", "total_amount", "total_count", "remaining_amount", "remaining_count",
-            "grabbed_count", "refunded_amount", "strategy", "allocation", "status",
-            "created_at", "expires_at",
+            "id",
+            "sender",
+            "total_amount",
+            "total_count",
+            "remaining_amount",
+            "remaining_count",
+            "grabbed_count",
+            "refunded_amount",
+            "strategy",
+            "allocation",
+            "status",
+            "created_at",
+            "expires_at",
         ]
         read_only_fields = fields
 
@@ -57,7 +107,10 @@ class ActivitySerializer(serializers.ModelSerializer):
 class GrabResultSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=[o.value for o in Outcome])
     amount = serializers.DecimalField(
-        max_digits=12, decimal_places=2, allow_null=True, required=False,
+        max_digits=12,
+        decimal_places=2,
+        allow_null=True,
+        required=False,
         help_text="Set for grabbed and already_grabbed.",
     )
 
@@ -71,18 +124,42 @@ class GrabDetailSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ActivityGrabSerializer(serializers.ModelSerializer):
+    user = serializers.IntegerField(source="user_id")
+    username = serializers.CharField(source="user.username")
+
+    class Meta:
+        model = GrabDetail
+        fields = ["user", "username", "amount", "created_at"]
+        read_only_fields = fields
+
+
+class RefundSerializer(serializers.ModelSerializer):
+    activity = serializers.IntegerField(source="activity_id")
+
+    class Meta:
+        model = Refund
+        fields = ["activity", "amount", "count", "created_at"]
+        read_only_fields = fields
+
+
 class StrategySerializer(serializers.Serializer):
     name = serializers.CharField()
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]
     tradeoff = serializers.CharField()
     safe = serializers.BooleanField()
     allowed = serializers.BooleanField()
+    unavailable_reason = serializers.CharField(
+        allow_null=True, help_text="Why it may not be chosen here (null when allowed)."
+    )
 
 
 class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField())
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -1,8 +1,6 @@
 """Thin views: validate with a serializer, call one service, render."""
 
-from django.db import connection
 from django.http import JsonResponse
-from django_redis import get_redis_connection
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.request import Request
@@ -10,38 +8,42 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
 
-from redpack import services
+from redpack import health, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
 
 from .serializers import (
     ActivityCreateSerializer,
+    ActivityGrabSerializer,
     ActivitySerializer,
-    ErrorSerializer,
     GrabDetailSerializer,
     GrabResultSerializer,
+    RefundSerializer,
     StrategySerializer,
 )
+from .throttles import RedpackThrottle
 
-ERRORS = {
-    400: OpenApiResponse(ErrorSerializer, "Invalid input; `fields` names each bad field."),
-    401: OpenApiResponse(ErrorSerializer, "Missing, expired or forged credentials."),
-    404: OpenApiResponse(ErrorSerializer, "No such activity."),
-}
+
+def user_id(request: Request) -> int:
+    """The authenticated user's id (every view here requires authentication)."""
+    return int(request.user.pk)  # type: ignore[arg-type,union-attr]
 
 
 class ActivityCreateView(APIView):
+    throttle_classes = [RedpackThrottle]
+    throttle_scope = "send"
+
     @extend_schema(
         request=ActivityCreateSerializer,
-        responses={201: ActivitySerializer, 400: ERRORS[400], 401: ERRORS[401]},
+        responses={201: ActivitySerializer},
     )
     def post(self, request: Request) -> Response:
         serializer = ActivityCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         activity = services.activity_send(
-            sender_id=request.user.pk,
+            sender_id=user_id(request),
             total_amount=data["total_amount"],
             total_count=data["total_count"],
             strategy=data["strategy"],
@@ -52,7 +54,7 @@ class ActivityCreateView(APIView):
 
 
 class ActivityDetailView(APIView):
-    @extend_schema(responses={200: ActivitySerializer, 401: ERRORS[401], 404: ERRORS[404]})
+    @extend_schema(responses={200: ActivitySerializer})
     def get(self, request: Request, pk: int) -> Response:
         return Response(ActivitySerializer(services.activity_get(activity_id=pk)).data)
 
@@ -61,6 +63,8 @@ class GrabView(APIView):
     """Stateless token authentication: a grab needs no database round trip to know the user."""
 
     authentication_classes = [JWTStatelessUserAuthentication]
+    throttle_classes = [RedpackThrottle]
+    throttle_scope = "grab"
 
     @extend_schema(
         request=None,
@@ -72,28 +76,61 @@ class GrabView(APIView):
             409: OpenApiResponse(
                 GrabResultSerializer, "contended: nothing this time, packets may remain; retry."
             ),
-            401: ERRORS[401],
-            404: ERRORS[404],
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        result = services.grab(activity_id=pk, user_id=int(request.user.pk))
+        result = services.grab(activity_id=pk, user_id=user_id(request))
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))
-        code = status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        code = (
+            status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
+        )
         return Response(body, status=code)
+
+
+class PingView(APIView):
+    """The web server's ceiling for the bench: authenticated like a grab, and nothing else
+    (not throttled either: one token drives it as fast as the server answers)."""
+
+    authentication_classes = [JWTStatelessUserAuthentication]
+
+    @extend_schema(request=None, responses={200: OpenApiResponse(description='`{"pong": true}`')})
+    def get(self, request: Request) -> Response:
+        return Response({"pong": True})
+
+
+class ActivityGrabsView(generics.ListAPIView):
+    """Who grabbed what: the activity's sender and staff only."""
+
+    serializer_class = ActivityGrabSerializer
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return services.activity_grabs(
+            activity_id=self.kwargs["pk"],
+            viewer_id=user_id(self.request),
+            viewer_is_staff=bool(self.request.user.is_staff),
+        )
 
 
 class MyGrabsView(generics.ListAPIView):
     serializer_class = GrabDetailSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return services.user_grabs(user_id=self.request.user.pk)
+        return services.user_grabs(user_id=user_id(self.request))
+
+
+class MyRefundsView(generics.ListAPIView):
+    """What came back to you from the activities you sent."""
+
+    serializer_class = RefundSerializer
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return services.user_refunds(user_id=user_id(self.request))
 
 
 class StrategyListView(APIView):
-    @extend_schema(responses={200: StrategySerializer(many=True), 401: ERRORS[401]})
+    @extend_schema(responses={200: StrategySerializer(many=True)})
     def get(self, request: Request) -> Response:
         rows = []
         for name in registry.names():
@@ -105,25 +142,17 @@ class StrategyListView(APIView):
                     "tradeoff": strategy.tradeoff,
                     "safe": strategy.safe,
                     "allowed": registry.allowed(name),
+                    "unavailable_reason": registry.unavailable_reason(name),
                 }
             )
         return Response(StrategySerializer(rows, many=True).data)
 
 
 def healthz(request: Request) -> JsonResponse:
-    """Database and Redis reachability; 503 when either is down."""
-    checks: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means "down", reported as text
-        checks["database"] = f"error: {exc}"
-    try:
-        get_redis_connection("default").ping()
-        checks["redis"] = "ok"
-    except Exception as exc:  # noqa: BLE001
-        checks["redis"] = f"error: {exc}"
-    healthy = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "down", "checks": checks},
-                        status=200 if healthy else 503)
+    """Database, Redis, broker, worker heartbeat and persist lag (redpack/health.py).
+
+    503 when the database or Redis is down; `degraded` (still 200) when only the broker or the
+    worker is.
+    """
+    body, code = health.report()
+    return JsonResponse(body, status=code)

@@ -1,4 +1,6 @@
 import json
+from pathlib import Path
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -10,29 +12,50 @@ class Command(BaseCommand):
     help = "Check the invariants of one or all activities; exit non-zero on any violation."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--activity", type=int, help="Audit only this activity id.")
+        parser.add_argument(
+            "--activity", type=int, action="append", help="Audit only this activity id (repeat)."
+        )
+        parser.add_argument(
+            "--answers",
+            help='JSON file {"<activity id>": [[user_id, amount_cents], ...]}: every `grabbed` '
+            "answer a client received; each listed activity is also checked against them.",
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: object, **options: Any) -> None:
         activities = Activity.objects.order_by("pk")
-        if options["activity"] is not None:
-            activities = activities.filter(pk=options["activity"])
-            if not activities.exists():
-                raise CommandError(f"activity {options['activity']} does not exist")
-        reports = [audit_activity(activity) for activity in activities.iterator(chunk_size=500)]
+        wanted = set(options["activity"] or [])
+        if wanted:
+            activities = activities.filter(pk__in=wanted)
+            missing = wanted - set(activities.values_list("pk", flat=True))
+            if missing:
+                raise CommandError(f"activity {sorted(missing)[0]} does not exist")
+        answers = self._answers(options["answers"]) if options["answers"] else {}
+        reports = [
+            audit_activity(activity, answers=answers.get(activity.pk))
+            for activity in activities.iterator(chunk_size=500)
+        ]
         failed = [r for r in reports if not r.ok]
         if options["json"]:
-            self.stdout.write(json.dumps({
+            body = {
                 "ok": not failed,
                 "activities": len(reports),
                 "violations": sum(len(r.violations) for r in reports),
                 "reports": [
-                    {"activity": r.activity_id, "strategy": r.strategy, "ok": r.ok,
-                     "grabbed": r.grabbed, "oversold": r.oversold, "duplicates": r.duplicates,
-                     "checks": r.checks, "violations": r.violations}
+                    {
+                        "activity": r.activity_id,
+                        "strategy": r.strategy,
+                        "ok": r.ok,
+                        "grabbed": r.grabbed,
+                        "oversold": r.oversold,
+                        "duplicates": r.duplicates,
+                        "checks": r.checks,
+                        "violations": r.violations,
+                    }
                     for r in reports
                 ],
-            }))
+            }
+            self.stdout.write(json.dumps(body))
         else:
             for report in reports:
                 mark = "ok" if report.ok else "VIOLATED"
@@ -45,3 +68,14 @@ class Command(BaseCommand):
             self.stdout.write(f"{len(reports)} activities audited, {len(failed)} with violations")
         if failed:
             raise SystemExit(1)
+
+    @staticmethod
+    def _answers(path: object) -> dict[int, list[tuple[int, int]]]:
+        try:
+            raw = json.loads(Path(str(path)).read_text())
+            return {
+                int(activity): [(int(user), int(cents)) for user, cents in told]
+                for activity, told in raw.items()
+            }
+        except (OSError, ValueError, TypeError) as exc:
+            raise CommandError(f"cannot read answers from {path}: {exc}") from exc

@@ -14,11 +14,14 @@ class Command(BaseCommand):
             return
         try:
             conn = MySQLdb.connect(
-                host=db.get("HOST") or "127.0.0.1", port=int(db.get("PORT") or 3306),
-                user=db.get("USER") or "root", password=db.get("PASSWORD") or "",
+                host=db.get("HOST") or "127.0.0.1",
+                port=int(db.get("PORT") or 3306),
+                user=db.get("USER") or "root",
+                password=db.get("PASSWORD") or "",
             )
         except MySQLdb.Error as exc:
-            raise CommandError(f"cannot reach MySQL at {db.get('HOST')}:{db.get('PORT')}: {exc}")
+            where = f"{db.get('HOST')}:{db.get('PORT')}"
+            raise CommandError(f"cannot reach MySQL at {where}: {exc}") from exc
         name = db["NAME"].replace("`", "``")
         with conn.cursor() as cursor:
             cursor.execute(

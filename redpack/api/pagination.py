@@ -1,0 +1,39 @@
+from typing import Any
+
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+
+MAX_OFFSET = 1_000_000_000
+
+
+class StrictLimitOffsetPagination(LimitOffsetPagination):
+    """limit/offset are validated, not silently ignored: a bad value is a 400 naming it."""
+
+    max_limit = 500
+
+    def _integer(self, request: Request, name: str, low: int, high: int) -> int | None:
+        raw = request.query_params.getlist(name)
+        if not raw:
+            return None
+        valid = len(raw) == 1 and raw[0].isdigit() and len(raw[0]) <= 12
+        if not valid or not low <= int(raw[0]) <= high:
+            raise ValidationError({name: [f"must be one integer between {low} and {high}"]})
+        return int(raw[0])
+
+    def get_limit(self, request: Request) -> int | None:
+        limit = self._integer(request, self.limit_query_param, 1, self.max_limit)
+        return self.default_limit if limit is None else limit
+
+    def get_offset(self, request: Request) -> int:
+        return self._integer(request, self.offset_query_param, 0, MAX_OFFSET) or 0
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {
+            self.limit_query_param: {"minimum": 1, "maximum": self.max_limit},
+            self.offset_query_param: {"minimum": 0, "maximum": MAX_OFFSET},
+        }
+        for parameter in parameters:
+            parameter["schema"].update(bounds.get(parameter["name"], {}))
+        return parameters

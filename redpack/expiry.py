@@ -1,0 +1,141 @@
+"""Expiry and exactly-once refund (seed 003): register at send, scan actively, refund once.
+
+- At send, every activity enters one ZSET scored by its expiry (epoch ms), beside `expires_at`
+  in MySQL (indexed with status, for the slower sweep).
+- A beat task every second claims due activities in batches (a Lua script leases each one by
+  pushing its score forward) and hands each to a worker task; an activity leaves the ZSET only
+  after its refund committed, so a worker that dies mid-refund is retried when the lease ends.
+- A slower sweep over MySQL (`status IN (open, closed) AND expires_at < now`) re-registers what
+  the ZSET lost (a Redis restart without persistence).
+- The refund: the strategy closes atomically (after it every grab answers `closed`), waits for
+  pending writes to settle, then under the activity row lock writes the one refund record
+  (UNIQUE per activity) and moves the status closed → refunded. Running it twice pays once.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from strategies import registry
+from strategies.lua import redis_client, script
+
+from .models import Activity, ActivityStatus, Refund
+from .money import to_cents
+
+logger = logging.getLogger(__name__)
+
+EXPIRY_KEY = "rp:expiry"
+
+
+class NotSettled(Exception):
+    """Grabs of a closed activity are still on their way to MySQL; retry the refund later."""
+
+
+@dataclass(frozen=True)
+class RefundOutcome:
+    activity_id: int
+    refunded_now: bool  # False when an earlier run already refunded
+    amount_cents: int
+    count: int
+
+
+def _epoch_ms(activity: Activity) -> int:
+    return int(activity.expires_at.timestamp() * 1000)
+
+
+def register(activities: list[Activity]) -> None:
+    """Put activities into the expiry ZSET (idempotent: the score is the expiry)."""
+    if activities:
+        redis_client().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a) for a in activities})
+
+
+def claim_due(*, batch: int, lease_seconds: float) -> list[int]:
+    now_ms = int(time.time() * 1000)
+    claimed = script("claim_due")(
+        keys=[EXPIRY_KEY], args=[now_ms, int(lease_seconds * 1000), batch]
+    )
+    return [int(member) for member in claimed]
+
+
+def forget(activity_id: int) -> None:
+    redis_client().zrem(EXPIRY_KEY, str(activity_id))
+
+
+def overdue_in_mysql(*, limit: int) -> QuerySet[Activity]:
+    """Activities past expiry that were never refunded (uses the (status, expires_at) index)."""
+    return Activity.objects.filter(
+        status__in=[ActivityStatus.OPEN, ActivityStatus.CLOSED], expires_at__lt=timezone.now()
+    ).order_by("expires_at")[:limit]
+
+
+def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
+    """Close the activity and refund what is left, exactly once. Safe to run any number of times.
+
+    `force` closes an activity before its expiry (the admin's "expire now").
+    """
+    activity = Activity.objects.get(pk=activity_id)
+    if activity.status == ActivityStatus.REFUNDED:
+        forget(activity_id)
+        existing = Refund.objects.get(activity_id=activity_id)
+        return RefundOutcome(activity_id, False, to_cents(existing.amount), existing.count)
+    if not force and activity.expires_at > timezone.now():
+        raise ValueError(f"activity {activity_id} has not expired yet")
+    strategy = registry.get(activity.strategy)
+    closed = strategy.close(activity_id=activity_id)
+    if not strategy.settle(activity_id=activity_id, timeout=settings.REDPACK_SETTLE_TIMEOUT):
+        raise NotSettled(f"activity {activity_id}: pending grabs not yet in MySQL")
+    try:
+        with transaction.atomic():
+            activity = Activity.objects.select_for_update().get(pk=activity_id)
+            if activity.status == ActivityStatus.REFUNDED:
+                existing = Refund.objects.get(activity_id=activity_id)
+                outcome = RefundOutcome(
+                    activity_id, False, to_cents(existing.amount), existing.count
+                )
+            else:
+                if (activity.surplus_count, to_cents(activity.surplus_amount)) != (
+                    closed.remaining_count,
+                    closed.remaining_cents,
+                ):
+                    raise NotSettled(
+                        f"activity {activity_id}: MySQL holds {activity.surplus_count} packets "
+                        f"worth {activity.surplus_amount}, the close reported "
+                        f"{closed.remaining_count} worth {closed.remaining_cents} cents"
+                    )
+                Refund.objects.create(
+                    activity=activity, amount=activity.surplus_amount, count=activity.surplus_count
+                )
+                Activity.objects.filter(pk=activity_id, status=activity.status).update(
+                    status=ActivityStatus.REFUNDED, surplus_count=0, surplus_amount=0
+                )
+                outcome = RefundOutcome(
+                    activity_id, True, closed.remaining_cents, closed.remaining_count
+                )
+    except IntegrityError:
+        # Another run wrote the refund between our read and our insert: it counts, not us.
+        existing = Refund.objects.get(activity_id=activity_id)
+        outcome = RefundOutcome(activity_id, False, to_cents(existing.amount), existing.count)
+    forget(activity_id)
+    if outcome.refunded_now:
+        logger.info(
+            "refund",
+            extra={
+                "event": "refund",
+                "activity": activity_id,
+                "amount_cents": outcome.amount_cents,
+                "count": outcome.count,
+            },
+        )
+    return outcome
+
+
+def sweep(*, limit: int = 1000) -> int:
+    """Re-register overdue activities the ZSET lost; returns how many were found."""
+    overdue = list(overdue_in_mysql(limit=limit))
+    register(overdue)
+    return len(overdue)

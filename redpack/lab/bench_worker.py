@@ -1,0 +1,179 @@
+"""One spawned bench process: its own Django setup, `threads` threads with a connection each.
+
+Importing this module must not import Django models: a spawned process unpickles its target
+before Django is set up, so everything Django-related is imported inside `main`.
+
+Messages to the parent, on `results`: {"ready": pid} once every thread is connected, then one
+report; or {"failure": text} at any point.
+"""
+
+import os
+import queue
+import resource
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+START_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    settings_module: str
+    settings_values: dict[str, Any]  # copied from the parent before anything connects
+    activity_id: int
+    strategy: str
+    clicks: list[int]  # user ids, one entry per click
+    threads: int
+    first_slot: int  # this process's first slot in the shared progress counters
+
+
+def main(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> None:
+    try:
+        _setup(spec)
+        report = _run(spec, go, results, done_counts)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which stops the run
+        results.put({"failure": f"bench worker {os.getpid()} failed: {exc!r}"})
+        return
+    results.put(report)
+
+
+def _setup(spec: WorkerSpec) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = spec.settings_module
+    import django
+    from django.conf import settings
+
+    # Before setup: some apps open the connection handler while they load.
+    for name, value in spec.settings_values.items():
+        setattr(settings, name, value)
+    django.setup()
+    from django.db import connection
+
+    wanted = spec.settings_values["DATABASES"]["default"]["NAME"]
+    if connection.settings_dict["NAME"] != wanted:
+        raise RuntimeError(f"connected to {connection.settings_dict['NAME']}, not {wanted}")
+    from strategies import registry
+
+    registry.get(spec.strategy)  # import and build the strategy before the clock starts
+
+
+def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> dict[str, Any]:
+    from django.db import connection
+
+    from redpack import services
+    from strategies.base import Outcome
+
+    from .meters import mysql_session_questions
+
+    work: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for user_id in spec.clicks:
+        work.put(user_id)
+    connected = threading.Barrier(spec.threads + 1)
+    start = threading.Event()
+    per_thread: list[dict[str, Any]] = [{} for _ in range(spec.threads)]
+
+    def grab_loop(index: int) -> None:
+        mine = per_thread[index]
+        slot = spec.first_slot + index
+        latencies: list[float] = []
+        outcomes: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        answers: list[tuple[int, int]] = []
+        first_start = last_end = None
+        try:
+            connection.ensure_connection()
+            questions_before = mysql_session_questions()
+        except Exception as exc:  # noqa: BLE001 - the process reports it and stops the run
+            mine["failure"] = repr(exc)
+            return
+        finally:
+            connected.wait()
+        start.wait()
+        while True:
+            try:
+                user_id = work.get_nowait()
+            except queue.Empty:
+                break
+            began = time.monotonic()
+            try:
+                result = services.grab(activity_id=spec.activity_id, user_id=user_id)
+            except Exception as exc:  # noqa: BLE001 - an unanswered grab is a figure, not a crash
+                errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+            else:
+                outcomes[result.outcome.value] += 1
+                if result.outcome is Outcome.GRABBED:
+                    answers.append((user_id, int(result.amount_cents or 0)))
+            ended = time.monotonic()
+            latencies.append((ended - began) * 1000)
+            first_start = began if first_start is None else first_start
+            last_end = ended
+            done_counts[slot] += 1
+        questions_after = mysql_session_questions()
+        connection.close()
+        own = None
+        if questions_before is not None and questions_after is not None:
+            own = questions_after - questions_before - 1  # the closing read counts itself
+        mine.update(
+            latencies_ms=latencies,
+            outcomes=outcomes,
+            errors=errors,
+            answers=answers,
+            first_start=first_start,
+            last_end=last_end,
+            own_queries=own,
+            session_reads=0 if questions_after is None else 1,
+        )
+
+    pool = [threading.Thread(target=grab_loop, args=(i,), daemon=True) for i in range(spec.threads)]
+    for thread in pool:
+        thread.start()
+    connected.wait(timeout=START_TIMEOUT)
+    failures = [mine["failure"] for mine in per_thread if "failure" in mine]
+    if failures:
+        raise RuntimeError(f"cannot connect: {failures[0]}")
+    results.put({"ready": os.getpid()})
+    if not go.wait(timeout=START_TIMEOUT):
+        raise RuntimeError("the parent never gave the start signal")
+    cpu_before = _own_cpu()
+    start.set()
+    for thread in pool:
+        thread.join()
+    cpu = _own_cpu() - cpu_before
+    return _merge(per_thread, cpu)
+
+
+def _merge(per_thread: list[dict[str, Any]], cpu: float) -> dict[str, Any]:
+    outcomes: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    latencies: list[float] = []
+    answers: list[tuple[int, int]] = []
+    own: int | None = 0
+    starts, ends = [], []
+    for mine in per_thread:
+        latencies.extend(mine["latencies_ms"])
+        outcomes.update(mine["outcomes"])
+        errors.update(mine["errors"])
+        answers.extend(mine["answers"])
+        own = None if own is None or mine["own_queries"] is None else own + mine["own_queries"]
+        if mine["first_start"] is not None:
+            starts.append(mine["first_start"])
+            ends.append(mine["last_end"])
+    return {
+        "latencies_ms": latencies,
+        "outcomes": dict(outcomes),
+        "errors": dict(errors),
+        "answers": answers,
+        "own_queries": own,
+        "session_reads": sum(mine["session_reads"] for mine in per_thread),
+        "cpu_seconds": cpu,
+        # time.monotonic is CLOCK_MONOTONIC: one clock for every process on the machine.
+        "first_start": min(starts) if starts else None,
+        "last_end": max(ends) if ends else None,
+    }
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

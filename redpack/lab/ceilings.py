@@ -1,0 +1,264 @@
+"""What this machine can do at best, at the bench's concurrency, without our Python in the way.
+
+- Redis: one grab script by EVALSHA, driven by redis-benchmark (C): the strategy's own script
+  when it names one (GrabStrategy.ceiling_script), else a representative pop + hset script.
+- MySQL: `UPDATE hot_row SET n = n + 1 WHERE id = 1` from many connections (mysqlslap, or a
+  Python loop when mysqlslap is missing): the hand-off rate of one hot row, which bounds every
+  strategy that writes the activity row per grab.
+- Web: GET /api/ping/ through gunicorn (run by compare with Locust, see locustfiles/ping.py).
+"""
+
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import MySQLdb
+from django.conf import settings
+from django.test.utils import override_settings
+from django_redis import get_redis_connection
+
+from redpack import services
+from redpack.models import Activity
+from strategies import registry
+
+from .users import bench_sender
+
+LAB = Path(__file__).resolve().parent
+STRATEGIES_LUA = Path(registry.__file__).resolve().parent / "lua"
+REPRESENTATIVE_SCRIPT = LAB / "ceiling_grab.lua"
+USER_RANGE = 1_000_000_000  # redis-benchmark's __rand_int__ range: users rarely repeat
+
+
+@dataclass
+class Ceiling:
+    name: str
+    kind: str  # "redis", "mysql" or "web"
+    tool: str
+    requests_per_s: float | None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    note: str = ""
+    strategy: str | None = None  # set for a strategy's own Redis script
+
+
+def redis_representative(*, requests: int, concurrency: int) -> Ceiling:
+    """The representative script over `requests` packets, in scratch keys removed afterwards."""
+    client = get_redis_connection("default")
+    tag = f"rpceiling:{{{os.getpid()}}}"
+    keys = [f"{tag}:packets", f"{tag}:grabbed", f"{tag}:persist"]
+    client.delete(*keys)
+    for start in range(0, requests, 10_000):
+        client.rpush(keys[0], *(["100"] * min(10_000, requests - start)))
+    try:
+        return _redis_script(
+            name="Redis: representative grab script (RPOP + HSET + LPUSH)",
+            script=REPRESENTATIVE_SCRIPT,
+            args=["3", *keys, "__rand_int__"],
+            requests=requests,
+            concurrency=concurrency,
+            note="redpack/lab/ceiling_grab.lua; used for strategies without ceiling_script",
+        )
+    finally:
+        client.delete(*keys)
+
+
+def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | None:
+    """The strategy's own grab script against a real activity of `requests` packets."""
+    strategy = registry.get(name)
+    spec = strategy.ceiling_script
+    if not spec:
+        return None
+    script = STRATEGIES_LUA / spec[0]
+    title = f"Redis: {name} ({spec[0]})"
+    if not script.exists():
+        note = f"{script} not found"
+        return Ceiling(title, "redis", "redis-benchmark", None, note=note, strategy=name)
+    with override_settings(
+        REDPACK_MAX_COUNT=max(requests, settings.REDPACK_MAX_COUNT),
+        REDPACK_ALLOW_UNSAFE_STRATEGIES=True,
+    ):
+        activity = services.activity_send(
+            sender_id=bench_sender().pk,
+            total_amount=Decimal(requests),
+            total_count=requests,
+            strategy=name,
+            expires_in=3600,
+        )
+    now = time.time()
+    values = {  # $now_ms before $now, its prefix
+        "$activity": str(activity.pk),
+        "$user": "__rand_int__",
+        "$now_ms": str(int(now * 1000)),
+        "$now": str(int(now)),
+    }
+    args = [_substitute(arg, values) for arg in spec[1:]]
+    try:
+        ceiling = _redis_script(
+            name=title,
+            script=script,
+            args=args,
+            requests=requests,
+            concurrency=concurrency,
+            note=f"activity of {requests} packets prepared by the strategy, then removed",
+        )
+    finally:
+        _remove_activity(activity.pk)
+    ceiling.strategy = name
+    return ceiling
+
+
+def _substitute(arg: str, values: dict[str, str]) -> str:
+    for placeholder, value in values.items():
+        arg = arg.replace(placeholder, value)
+    return arg
+
+
+def _remove_activity(activity_id: int) -> None:
+    """The ceiling's activity holds made-up users: drop its Redis keys and its rows."""
+    client = get_redis_connection("default")
+    keys = list(client.scan_iter(match=f"*{{{activity_id}}}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    Activity.objects.filter(pk=activity_id).delete()
+
+
+def _redis_script(
+    *, name: str, script: Path, args: Sequence[str], requests: int, concurrency: int, note: str
+) -> Ceiling:
+    tool = shutil.which("redis-benchmark")
+    if tool is None:
+        return Ceiling(name, "redis", "redis-benchmark", None, note="redis-benchmark not found")
+    client = get_redis_connection("default")
+    sha = client.script_load(script.read_text())
+    where = client.connection_pool.connection_kwargs
+    command = [tool, "-h", str(where.get("host", "127.0.0.1")), "-p", str(where.get("port", 6379))]
+    command += ["--dbnum", str(where.get("db", 0))]
+    if where.get("password"):
+        command += ["-a", str(where["password"])]
+        if where.get("username"):
+            command += ["--user", str(where["username"])]
+    command += ["-n", str(requests), "-c", str(concurrency), "-r", str(USER_RANGE), "--csv"]
+    command += ["EVALSHA", sha, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    if done.returncode != 0 or not rows:
+        detail = (done.stderr or done.stdout).strip()[-300:]
+        return Ceiling(name, "redis", "redis-benchmark", None, note=f"failed: {detail}")
+    row = rows[-1]
+    return Ceiling(
+        name,
+        "redis",
+        f"redis-benchmark -c {concurrency} -n {requests}",
+        float(row["rps"]),
+        p50_ms=float(row["p50_latency_ms"]),
+        p99_ms=float(row["p99_latency_ms"]),
+        note=note,
+    )
+
+
+HOT_ROW_TABLE = "CREATE TABLE hot_row (id INT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"
+HOT_ROW_UPDATE = "UPDATE hot_row SET n = n + 1 WHERE id = 1"
+
+
+def mysql_hot_row(*, queries: int, concurrency: int) -> Ceiling:
+    """Autocommitted UPDATEs of one row from `concurrency` connections, in a scratch schema."""
+    db = settings.DATABASES["default"]
+    name = "MySQL: hot-row UPDATE (autocommit)"
+    if db["ENGINE"] != "django.db.backends.mysql":
+        return Ceiling(name, "mysql", "-", None, note="not a MySQL database")
+    schema = f"{db['NAME']}_ceiling"
+    tool = shutil.which("mysqlslap") or shutil.which("mariadb-slap")
+    if tool:
+        return _mysqlslap(tool, db, schema, name=name, queries=queries, concurrency=concurrency)
+    return _python_hot_row(db, schema, name=name, queries=queries, concurrency=concurrency)
+
+
+def _mysqlslap(
+    tool: str, db: dict, schema: str, *, name: str, queries: int, concurrency: int
+) -> Ceiling:
+    command = [
+        tool,
+        f"--host={db.get('HOST') or '127.0.0.1'}",
+        f"--port={db.get('PORT') or 3306}",
+        f"--user={db.get('USER') or 'root'}",
+        f"--create-schema={schema}",  # created and dropped by mysqlslap
+        f"--create={HOT_ROW_TABLE};INSERT INTO hot_row VALUES (1, 0)",
+        f"--query={HOT_ROW_UPDATE}",
+        f"--concurrency={concurrency}",
+        f"--number-of-queries={queries}",
+        "--iterations=1",
+        "--delimiter=;",
+    ]
+    env = {**os.environ, "MYSQL_PWD": db.get("PASSWORD") or ""}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
+    seconds = re.search(r"Average number of seconds to run all queries: ([\d.]+)", done.stdout)
+    per_client = re.search(r"Average number of queries per client: (\d+)", done.stdout)
+    if done.returncode != 0 or not seconds or not per_client or float(seconds.group(1)) == 0:
+        detail = (done.stderr or done.stdout).strip()[-300:]
+        return Ceiling(name, "mysql", "mysqlslap", None, note=f"failed: {detail}")
+    total = int(per_client.group(1)) * concurrency
+    return Ceiling(
+        name,
+        "mysql",
+        f"mysqlslap -c {concurrency}",
+        round(total / float(seconds.group(1)), 1),
+        note=f"{total} UPDATEs of one row in a scratch schema",
+    )
+
+
+def _python_hot_row(db: dict, schema: str, *, name: str, queries: int, concurrency: int) -> Ceiling:
+    def connect(database: str | None = None) -> MySQLdb.Connection:
+        kwargs = {"database": database} if database else {}
+        return MySQLdb.connect(
+            host=db.get("HOST") or "127.0.0.1",
+            port=int(db.get("PORT") or 3306),
+            user=db.get("USER") or "root",
+            password=db.get("PASSWORD") or "",
+            autocommit=True,
+            **kwargs,
+        )
+
+    admin = connect()
+    cursor = admin.cursor()
+    cursor.execute(f"DROP SCHEMA IF EXISTS `{schema}`")
+    cursor.execute(f"CREATE SCHEMA `{schema}`")
+    cursor.execute(f"CREATE TABLE `{schema}`.{HOT_ROW_TABLE.removeprefix('CREATE TABLE ')}")
+    cursor.execute(f"INSERT INTO `{schema}`.hot_row VALUES (1, 0)")
+    each = max(1, queries // concurrency)
+    connections = [connect(schema) for _ in range(concurrency)]
+    start = threading.Barrier(concurrency + 1)
+
+    def hammer(conn: MySQLdb.Connection) -> None:
+        own = conn.cursor()
+        start.wait()
+        for _ in range(each):
+            own.execute(HOT_ROW_UPDATE)
+
+    threads = [threading.Thread(target=hammer, args=(c,)) for c in connections]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.monotonic()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - began
+    for conn in connections:
+        conn.close()
+    cursor.execute(f"DROP SCHEMA `{schema}`")
+    admin.close()
+    return Ceiling(
+        name,
+        "mysql",
+        f"Python threads -c {concurrency} (mysqlslap not found)",
+        round(each * concurrency / seconds, 1),
+        note="includes Python's cost per statement",
+    )

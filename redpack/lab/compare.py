@@ -1,0 +1,468 @@
+"""`manage.py compare`: every strategy through the direct bench and Locust, next to the ceilings.
+
+It starts what the runs need (gunicorn; a Celery worker and one beat when the project defines
+tasks), measures the machine's ceilings, runs each strategy (the unsafe baseline included
+when registered) as `bench hot`, `bench throughput`, `HTTP hot` and `HTTP throughput`, stops
+what it started, and writes reports/compare.{md,png,json} and the README's bench block.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+from django.conf import settings
+from django.test.utils import override_settings
+
+from redpack import services
+from strategies import registry
+
+from . import ceilings as ceiling_runs
+from . import report
+from .meters import Meters
+from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
+
+BASE_DIR: Path = settings.BASE_DIR
+
+
+@dataclass
+class CompareConfig:
+    strategies: list[str] = field(default_factory=list)  # empty: every registered strategy
+    concurrency: int = 64
+    bench_processes: int = 4
+    hot_users: int = 10_000
+    hot_packets: int = 100
+    throughput_packets: int = 100_000
+    throughput_users: int = 5_000  # grabs fired by the throughput runs (one per bench user)
+    hot_seconds: int = 60  # cap for Locust hot; it ends when every user has grabbed
+    throughput_seconds: int = 15
+    web_seconds: int = 10
+    ceiling_requests: int = 100_000  # redis-benchmark EVALSHA calls
+    ceiling_queries: int = 20_000  # hot-row UPDATEs
+    web_workers: int = 2
+    web_threads: int = 8
+    port: int = 8765
+    celery: str = "auto"  # auto: when the project defines Celery tasks; on; off
+    skip_bench: bool = False
+    skip_locust: bool = False
+    out_dir: Path = BASE_DIR / "reports"
+    work_dir: Path = BASE_DIR / "artifacts" / "compare"
+    readme: Path | None = BASE_DIR / "README.md"
+    command: str = "manage.py compare"
+
+
+class Service:
+    """A server process compare started, in its own process group, logging to a file."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        with open(log, "w") as handle:
+            self.process = subprocess.Popen(
+                command,
+                env=env,
+                cwd=BASE_DIR,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.psutil = psutil.Process(self.process.pid)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+def celery_tasks() -> list[str]:
+    """The project's own Celery tasks; a Celery worker and beat run only when there are some."""
+    from redpack.celery import app
+
+    app.loader.import_default_modules()
+    return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def storage_bound(rows: list[dict[str, Any]]) -> str:
+    """ "mysql" when a grab costs at least one MySQL statement, else "redis"."""
+    for key in ("mysql_queries_per_request_own", "mysql_queries_per_request"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            return "mysql" if min(values) >= 1 else "redis"
+    return "mysql"
+
+
+def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
+    """Set `ceiling`, `ceiling_rate` and `ceiling_ratio` on every result row (see LEGEND)."""
+
+    def measured(kind: str, strategy: str | None = None) -> dict[str, Any] | None:
+        for c in ceilings:
+            if c["kind"] == kind and c.get("strategy") == strategy and c.get("requests_per_s"):
+                return c
+        return None
+
+    web = measured("web")
+    for name in dict.fromkeys(r["strategy"] for r in results):
+        rows = [r for r in results if r["strategy"] == name]
+        bench_rows = [r for r in rows if r["run"].startswith("bench")]
+        if storage_bound(bench_rows or rows) == "redis":
+            storage = measured("redis", name) or measured("redis")
+        else:
+            storage = measured("mysql")
+        # Over HTTP the web server's own ceiling applies too: the lower one bounds the run.
+        candidates = [c for c in (storage, web) if c is not None]
+        over_http = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
+        for row in rows:
+            bound = over_http if row["run"].startswith("HTTP") else storage
+            row["ceiling"] = bound["name"] if bound else None
+            row["ceiling_rate"] = bound["requests_per_s"] if bound else None
+            rate = row.get("requests_per_s")
+            row["ceiling_ratio"] = (
+                round(rate / bound["requests_per_s"], 4) if bound and rate is not None else None
+            )
+
+
+class Compare:
+    def __init__(self, config: CompareConfig, log: Callable[[str], None]) -> None:
+        self.config = config
+        self.log = log
+        self.services: list[Service] = []
+        self.results: list[dict[str, Any]] = []
+        self.ceilings: list[dict[str, Any]] = []
+        self.names = config.strategies or registry.names()
+        self.host = f"http://127.0.0.1:{config.port}"
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.env = self._env()
+
+    def _env(self) -> dict[str, str]:
+        """What every child process sees: this environment, with the lab's limits raised."""
+        env = dict(os.environ)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "redpack.settings")
+        largest = max(self.config.hot_packets, self.config.throughput_packets)
+        env["REDPACK_MAX_COUNT"] = str(max(largest, settings.REDPACK_MAX_COUNT))
+        if any(not registry.get(n).safe for n in self.names):
+            env["REDPACK_ALLOW_UNSAFE_STRATEGIES"] = "1"  # the baseline is part of the table
+        return env
+
+    def run(self) -> int:
+        config = self.config
+        load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        started = time.monotonic()
+        self.log(f"strategies: {', '.join(self.names)}")
+        self._bench_users()
+        self._measure_storage_ceilings()
+        try:
+            if not config.skip_locust:
+                self._start_web()
+            if self._celery_wanted():
+                self._start_celery()
+            if not config.skip_locust:
+                self._measure_web_ceiling()
+            for name in self.names:
+                if not config.skip_bench:
+                    self._bench(name, "bench hot", config.hot_packets, config.hot_users)
+                    self._bench(
+                        name, "bench throughput", config.throughput_packets, config.throughput_users
+                    )
+                if not config.skip_locust:
+                    self._locust(name, "hot")
+                    self._locust(name, "throughput")
+        finally:
+            for service in reversed(self.services):
+                service.stop()
+        assign_ceilings(self.results, self.ceilings)
+        self._write(load_before, time.monotonic() - started)
+        self._print_ratios()
+        broken = [
+            r
+            for r in self.results
+            if r.get("safe") and (not r.get("audit_ok") or r.get("oversold"))
+        ]
+        for row in broken:
+            self.log(f"AUDIT FAILED: {row['strategy']} {row['run']}: {row.get('violations')}")
+        return 1 if broken else 0
+
+    # --- preparation ---------------------------------------------------------------------
+
+    def _bench_users(self) -> None:
+        count = max(self.config.hot_users, self.config.throughput_users)
+        self.log(f"bench users: {count}")
+        ids, created = bench_users_ensure(count=count)
+        self.users_csv = self.config.work_dir / "bench-users.csv"
+        bench_users_write_csv(user_ids=ids, path=self.users_csv, ttl=timedelta(days=1))
+        self.sender_token = bench_authorization(bench_sender(), ttl=timedelta(days=1))
+        self.log(f"  {created} created, tokens in {self.users_csv}")
+
+    def _measure_storage_ceilings(self) -> None:
+        c = self.config
+        self.log("ceiling: MySQL hot-row UPDATE")
+        found = [ceiling_runs.mysql_hot_row(queries=c.ceiling_queries, concurrency=c.concurrency)]
+        self.log("ceiling: Redis representative grab script")
+        found.append(
+            ceiling_runs.redis_representative(
+                requests=c.ceiling_requests, concurrency=c.concurrency
+            )
+        )
+        for name in self.names:
+            own = ceiling_runs.redis_strategy(
+                name, requests=c.ceiling_requests, concurrency=c.concurrency
+            )
+            if own is not None:
+                self.log(f"ceiling: {own.name}")
+                found.append(own)
+        self.ceilings.extend(asdict(x) for x in found)
+        for x in found:
+            self.log(
+                f"  {x.name}: {_rate(x.requests_per_s)} {x.note if not x.requests_per_s else ''}"
+            )
+
+    def _celery_wanted(self) -> bool:
+        if self.config.celery != "auto":
+            return self.config.celery == "on"
+        tasks = celery_tasks()
+        if tasks:
+            self.log(f"Celery tasks found ({', '.join(tasks)}): starting a worker and beat")
+        return bool(tasks)
+
+    def _start_web(self) -> None:
+        c = self.config
+        command = [sys.executable, "-m", "gunicorn", "redpack.wsgi:application"]
+        command += ["--bind", f"127.0.0.1:{c.port}", "--workers", str(c.web_workers)]
+        command += ["--threads", str(c.web_threads), "--timeout", "300", "--log-level", "warning"]
+        self.log(f"starting gunicorn: {c.web_workers} workers × {c.web_threads} threads")
+        self.services.append(Service("gunicorn", command, self.env, c.work_dir / "gunicorn.log"))
+        server = self.services[-1]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.alive():
+            try:
+                healthy = requests.get(f"{self.host}/healthz", timeout=5).status_code == 200
+            except requests.RequestException:
+                healthy = False
+            time.sleep(0.5)
+            if healthy and server.alive():  # not another server on that port
+                return
+        raise RuntimeError(f"gunicorn did not become healthy (port busy?); see {server.log}")
+
+    def _start_celery(self) -> None:
+        work = self.config.work_dir
+        celery = [sys.executable, "-m", "celery", "-A", "redpack"]
+        worker = [*celery, "worker", "--loglevel", "WARNING", "--concurrency", "2"]
+        beat = [*celery, "beat", "--loglevel", "WARNING", "--schedule", str(work / "beat")]
+        self.services.append(Service("celery worker", worker, self.env, work / "celery.log"))
+        self.services.append(Service("celery beat", beat, self.env, work / "beat.log"))
+
+    def _measure_web_ceiling(self) -> None:
+        c = self.config
+        self.log("ceiling: web server, GET /api/ping/")
+        summary, _, code = self._run_locust(
+            "ping", None, users=c.concurrency, seconds=c.web_seconds, extra=[]
+        )
+        rate = summary.get("requests_per_s") if summary else None
+        self.ceilings.append(
+            {
+                "name": "Web: GET /api/ping/ (JWT, no storage)",
+                "kind": "web",
+                "tool": f"Locust -u {c.concurrency}, gunicorn {c.web_workers}×{c.web_threads}",
+                "requests_per_s": rate,
+                "p50_ms": summary.get("p50_ms") if summary else None,
+                "p99_ms": summary.get("p99_ms") if summary else None,
+                "note": "" if rate else f"locust exited {code}",
+                "strategy": None,
+            }
+        )
+        self.log(f"  {_rate(rate)}")
+
+    # --- runs ----------------------------------------------------------------------------
+
+    def _bench(self, name: str, run: str, packets: int, users: int) -> None:
+        c = self.config
+        self.log(f"{name}: {run} ({packets} packets, {users} users, concurrency {c.concurrency})")
+        command = [sys.executable, str(BASE_DIR / "manage.py"), "bench", "--strategy", name]
+        command += ["--packets", str(packets), "--users", str(users), "--json"]
+        command += ["--concurrency", str(c.concurrency), "--processes", str(c.bench_processes)]
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, cwd=BASE_DIR)
+        try:
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self.log(f"  bench failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+            failed = {"strategy": name, "safe": registry.get(name).safe, "run": run}
+            failed.update(audit_ok=False, violations=[done.stderr.strip()[-300:]])
+            self.results.append(failed)
+            return
+        figures.update(run=run, exit_code=done.returncode)
+        self.results.append(figures)
+        self.log("  " + _line(figures))
+
+    def _locust(self, name: str, scenario: str) -> None:
+        c = self.config
+        if scenario == "hot":
+            users, seconds, packets = c.hot_users, c.hot_seconds, c.hot_packets
+        else:
+            users, seconds, packets = c.concurrency, c.throughput_seconds, c.throughput_packets
+        self.log(f"{name}: HTTP {scenario} ({packets} packets, {users} Locust users)")
+        # Sent here rather than by the locustfile, so that preparing a large activity is not
+        # part of Locust's --run-time.
+        activity_id = self._send(name, packets)
+        meters = Meters(watch=[s.psutil for s in self.services])
+        before = meters.snapshot()
+        extra = ["--strategy", name, "--packets", str(packets), "--activity", str(activity_id)]
+        summary, summary_path, code = self._run_locust(
+            scenario, name, users=users, seconds=seconds, extra=extra
+        )
+        usage = Meters.usage(before, meters.snapshot())
+        row: dict[str, Any] = {"strategy": name, "safe": registry.get(name).safe}
+        row.update(summary or {"audit_ok": False, "violations": [f"locust exited {code}"]})
+        row.pop("answers", None)
+        requests_done = row.get("requests") or 0
+        cpu = usage.watched_cpu + usage.redis_cpu + (usage.mysql_cpu or 0.0)
+        row.update(
+            run=f"HTTP {scenario}",
+            exit_code=code,
+            summary=_relative(summary_path),
+            mysql_queries=usage.mysql_queries,
+            redis_commands=usage.redis_commands,
+            cpu_seconds=round(cpu, 3),
+        )
+        if requests_done:
+            row["mysql_queries_per_request"] = (
+                None
+                if usage.mysql_queries is None
+                else round(usage.mysql_queries / requests_done, 3)
+            )
+            row["redis_commands_per_request"] = round(usage.redis_commands / requests_done, 3)
+            row["cpu_seconds_per_1k_requests"] = round(1000 * cpu / requests_done, 3)
+        self.results.append(row)
+        self.log("  " + _line(row))
+
+    def _send(self, name: str, packets: int) -> int:
+        with override_settings(
+            REDPACK_MAX_COUNT=int(self.env["REDPACK_MAX_COUNT"]),
+            REDPACK_ALLOW_UNSAFE_STRATEGIES=True,
+        ):
+            activity = services.activity_send(
+                sender_id=bench_sender().pk,
+                total_amount=Decimal(packets),
+                total_count=packets,
+                strategy=name,
+                expires_in=24 * 3600,
+            )
+        return activity.pk
+
+    def _run_locust(
+        self, scenario: str, name: str | None, *, users: int, seconds: int, extra: list[str]
+    ) -> tuple[dict[str, Any] | None, Path, int]:
+        work = self.config.work_dir
+        stem = f"locust-{name or 'web'}-{scenario}"
+        summary_path = work / f"{stem}.json"
+        summary_path.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "locust", "-f", f"locustfiles/{scenario}.py"]
+        command += ["--headless", "-u", str(users), "-r", str(users), "-t", f"{seconds}s"]
+        command += ["--stop-timeout", "60", "--host", self.host, "--users-csv", str(self.users_csv)]
+        command += ["--sender-token", self.sender_token, "--csv", str(work / stem)]
+        command += ["--only-summary", "--loglevel", "WARNING", *extra]
+        command += ["--summary-json", str(summary_path)]
+        with open(work / f"{stem}.log", "w") as log:
+            done = subprocess.run(command, env=self.env, cwd=BASE_DIR, stdout=log, stderr=log)
+        if not summary_path.exists():
+            self.log(f"  locust exited {done.returncode} without a summary; see {stem}.log")
+            return None, summary_path, done.returncode
+        return json.loads(summary_path.read_text()), summary_path, done.returncode
+
+    # --- output --------------------------------------------------------------------------
+
+    def _write(self, load_before: str, seconds: float) -> None:
+        c = self.config
+        cpus = os.cpu_count() or 1
+        context = {
+            "command": c.command,
+            "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": _git_commit(),
+            "cpus": cpus,
+            "load_before": load_before,
+            "concurrency": c.concurrency,
+            "seconds": round(seconds, 1),
+            "settings": [
+                f"{k} = {_relative(v)}"
+                for k, v in asdict(c).items()
+                if k not in {"readme", "command"}
+            ],
+        }
+        if float(load_before.split(",")[0]) > cpus:
+            context["warning"] = (
+                f"The machine was busy (load average {load_before} on {cpus} CPUs): these "
+                "figures are indicative only."
+            )
+        out = c.out_dir
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.json").write_text(
+            json.dumps(
+                {"context": context, "ceilings": self.ceilings, "results": self.results},
+                indent=2,
+                default=str,
+            )
+        )
+        report.write_chart(out / "compare.png", results=self.results, ceilings=self.ceilings)
+        report.write_markdown(
+            out / "compare.md", results=self.results, ceilings=self.ceilings, context=context
+        )
+        block = report.readme_block(self.results, context)
+        if c.readme and c.readme.exists() and report.rewrite_readme(c.readme, block):
+            self.log(f"updated the bench block of {c.readme}")
+        self.log(f"wrote {out / 'compare.md'} and {out / 'compare.png'} in {seconds:.0f} s")
+
+    def _print_ratios(self) -> None:
+        self.log("each strategy against its ceiling:")
+        for row in self.results:
+            ratio = row.get("ceiling_ratio")
+            shown = "n/a" if ratio is None else f"{100 * ratio:5.1f}%"
+            self.log(
+                f"  {row['strategy']:<26} {row['run']:<17} {_rate(row.get('requests_per_s')):>12}"
+                f"  = {shown} of {row.get('ceiling') or 'no ceiling'}"
+                f" ({_rate(row.get('ceiling_rate'))})"
+            )
+
+
+def _relative(value: object) -> object:
+    """Paths inside the checkout as relative paths: the report is committed."""
+    if isinstance(value, Path) and value.is_relative_to(BASE_DIR):
+        return str(value.relative_to(BASE_DIR))
+    return value
+
+
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BASE_DIR
+        )
+        return done.stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}/s"
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (
+        f"{_rate(row.get('requests_per_s'))}, grabbed {row.get('grabbed')}, "
+        f"p99 {row.get('p99_ms')} ms, oversold {row.get('oversold')}, "
+        f"audit {'ok' if row.get('audit_ok') else 'FAILED'}"
+    )

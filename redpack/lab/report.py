@@ -1,0 +1,234 @@
+"""The comparison report: a markdown table, a chart, and the README's marked block.
+
+Input is plain data: result rows (one per strategy and run) and ceilings, as compare builds
+them, so the writer can be tested and rerun on saved results (reports/compare.json).
+"""
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+README_START = "<!-- bench:start -->"
+README_END = "<!-- bench:end -->"
+RUNS = ("bench hot", "bench throughput", "HTTP hot", "HTTP throughput")
+
+COLUMNS: list[tuple[str, str, str]] = [
+    # (key, header, format)
+    ("strategy", "strategy", "s"),
+    ("run", "run", "s"),
+    ("requests_per_s", "requests/s", ",.0f"),
+    ("grabs_per_s", "grabs/s", ",.0f"),
+    ("success_rate", "success", "%"),
+    ("contended_share", "contended", "%"),
+    ("oversold", "oversold", "d"),
+    ("duplicates", "dup.", "d"),
+    ("p50_ms", "p50 ms", ",.1f"),
+    ("p95_ms", "p95 ms", ",.1f"),
+    ("p99_ms", "p99 ms", ",.1f"),
+    ("mysql_queries_per_request", "MySQL q/req", "mysql"),
+    ("redis_commands_per_request", "Redis cmd/req", ".2f"),
+    ("cpu_seconds_per_1k_requests", "CPU s/1k req", ".2f"),
+    ("settle_seconds", "persist lag s", ".2f"),
+    ("ceiling_ratio", "of ceiling", "%"),
+    ("ceiling", "ceiling", "kind"),
+    ("audit_ok", "audit", "audit"),
+]
+LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so no column
+
+
+def cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "–"
+    if fmt == "mysql":
+        server_wide, own = value
+        shown = cell(server_wide, ".2f")
+        # The bench also counts its own connections' statements, immune to other clients.
+        if own is not None and (server_wide is None or abs(server_wide - own) > 0.1 * own + 0.05):
+            shown += f" (own {own:.2f})"
+        return shown
+    if fmt == "audit":
+        return "ok" if value else "**FAILED**"
+    if fmt == "%":
+        return f"{100 * value:.1f}%"
+    if fmt == "d":
+        return str(int(value)) if not value else f"**{int(value)}**"
+    if fmt == "s":
+        return str(value)
+    if fmt == "kind":
+        return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
+    return format(value, fmt)
+
+
+def _columns(results: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    lagging = any((r.get("settle_seconds") or 0) >= LAG_SHOWN_FROM for r in results)
+    return [c for c in COLUMNS if c[0] != "settle_seconds" or lagging]
+
+
+def results_table(results: Sequence[dict[str, Any]], columns: list | None = None) -> str:
+    columns = columns or _columns(results)
+    lines = [
+        "| " + " | ".join(header for _, header, _ in columns) + " |",
+        "|" + "|".join("---" if fmt in {"s", "kind"} else "---:" for _, _, fmt in columns) + "|",
+    ]
+    for row in results:
+        cells = [cell(_value(row, key, fmt), fmt) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
+    if fmt == "mysql":
+        return (row.get(key), row.get("mysql_queries_per_request_own"))
+    return row.get(key)
+
+
+def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| ceiling | tool | requests/s | p50 ms | p99 ms | note |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for c in ceilings:
+        rate = cell(c.get("requests_per_s"), ",.0f")
+        p50, p99 = cell(c.get("p50_ms"), ".2f"), cell(c.get("p99_ms"), ".2f")
+        lines.append(
+            f"| {c['name']} | {c['tool']} | {rate} | {p50} | {p99} | {c.get('note', '')} |"
+        )
+    return "\n".join(lines)
+
+
+LEGEND = """\
+How to read it:
+
+- **run**: `bench` drives `services.grab` directly from processes × threads (no HTTP);
+  `HTTP` is Locust against gunicorn. `hot` is many users on a small activity (seed 000's
+  10,000 users and 100 packets); `throughput` is a large activity grabbed back to back
+  (seed 002).
+- **requests/s**: grab requests answered per second, first click to last answer.
+  **grabs/s**: of those, `grabbed` answers per second.
+- **success**: share of requests that got a final answer (grabbed, already_grabbed,
+  sold_out, closed); `contended` answers and errors are the rest. **contended**: share of
+  requests answered `contended` (nothing this time although packets may remain).
+- **oversold** / **dup.**: from the auditor; anything but 0 is a broken invariant.
+- **p50/p95/p99**: latency of one grab as the client saw it.
+- **MySQL q/req**, **Redis cmd/req**: server-wide `Questions` and `total_commands_processed`
+  deltas per request, the meters' own reads subtracted. On a shared machine they include
+  other clients' work; bench rows add in parentheses the statements counted on the bench's
+  own connections when the two differ. HTTP rows include the per-user throttle's Redis
+  commands.
+- **CPU s/1k req**: CPU seconds per 1,000 requests of the servers: MySQL and Redis, plus the
+  bench's own processes (bench rows) or gunicorn and Celery (HTTP rows); Locust's own CPU is
+  not counted.
+- **persist lag**: seconds from the last answer until every acknowledged grab was in MySQL
+  (shown when an asynchronous strategy has any).
+- **of ceiling**: requests/s divided by the ceiling that bounds the run: the Redis script
+  rate for strategies that stay off MySQL per grab (fewer than one MySQL statement per
+  request), the hot-row UPDATE rate for the others; HTTP rows also cannot beat the web
+  server's ping rate, so their ceiling is the lower of the two.
+"""
+
+
+def write_markdown(
+    path: Path,
+    *,
+    results: Sequence[dict[str, Any]],
+    ceilings: Sequence[dict[str, Any]],
+    context: dict[str, Any],
+    chart: str | None = "compare.png",
+) -> None:
+    parts = [
+        "# Strategy comparison",
+        "",
+        f"Generated by `{context.get('command', 'manage.py compare')}` on "
+        f"{context.get('finished_at', '?')} (commit {context.get('commit', '?')}), "
+        f"{context.get('cpus', '?')} CPUs, load average {context.get('load_before', '?')} "
+        f"before the run. Concurrency {context.get('concurrency', '?')}.",
+        "",
+    ]
+    if context.get("warning"):
+        parts += [f"> **{context['warning']}**", ""]
+    parts += ["## Results", "", results_table(results), ""]
+    if chart:
+        parts += [f"![throughput and p99 per strategy]({chart})", ""]
+    parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), "", LEGEND]
+    if context.get("settings"):
+        parts += ["", "## Settings", "", "```", *context["settings"], "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts))
+
+
+def write_chart(
+    path: Path, *, results: Sequence[dict[str, Any]], ceilings: Sequence[dict[str, Any]]
+) -> None:
+    """Grouped bars per strategy: throughput (with the ceilings as lines) and p99."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = list(dict.fromkeys(r["strategy"] for r in results))
+    runs = [run for run in RUNS if any(r["run"] == run for r in results)]
+    figure, (rate_axis, p99_axis) = plt.subplots(1, 2, figsize=(13, 5.5))
+    width = 0.8 / max(len(runs), 1)
+    for index, run in enumerate(runs):
+        by_strategy = {r["strategy"]: r for r in results if r["run"] == run}
+        xs = [s + (index - (len(runs) - 1) / 2) * width for s in range(len(strategies))]
+        rates = [(by_strategy.get(s) or {}).get("requests_per_s") or 0 for s in strategies]
+        p99s = [(by_strategy.get(s) or {}).get("p99_ms") or 0 for s in strategies]
+        rate_axis.bar(xs, rates, width, label=run)
+        p99_axis.bar(xs, p99s, width, label=run)
+    styles = {"redis": "--", "mysql": ":", "web": "-."}
+    for ceiling in ceilings:
+        if ceiling.get("requests_per_s") and not ceiling.get("strategy"):
+            rate_axis.axhline(
+                ceiling["requests_per_s"],
+                color="grey",
+                linestyle=styles.get(ceiling["kind"], "-"),
+                linewidth=1,
+                label=ceiling["name"].split(" (")[0],
+            )
+    for axis, title, unit in (
+        (rate_axis, "Throughput (higher is better)", "requests/s"),
+        (p99_axis, "p99 latency (lower is better)", "ms"),
+    ):
+        axis.set_title(title)
+        axis.set_ylabel(unit)
+        axis.set_xticks(range(len(strategies)), strategies, rotation=30, ha="right")
+        if any(r.get("requests_per_s") for r in results):
+            axis.set_yscale("log")
+        axis.grid(axis="y", alpha=0.3)
+    handles, labels = rate_axis.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def readme_block(results: Sequence[dict[str, Any]], context: dict[str, Any]) -> str:
+    columns = [
+        c
+        for c in COLUMNS
+        if c[0]
+        in {"strategy", "run", "requests_per_s", "grabs_per_s", "p99_ms", "oversold"}
+        | {"ceiling_ratio", "ceiling", "audit_ok"}
+    ]
+    return "\n".join(
+        [
+            f"Latest `make compare`: {context.get('finished_at', '?')}, commit "
+            f"{context.get('commit', '?')}, {context.get('cpus', '?')} CPUs "
+            f"(details and resources in [reports/compare.md](reports/compare.md)).",
+            "",
+            results_table(results, columns),
+        ]
+    )
+
+
+def rewrite_readme(path: Path, block: str) -> bool:
+    """Replace what lies between the bench markers; False when the markers are missing."""
+    text = path.read_text()
+    pattern = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.DOTALL)
+    if not pattern.search(text):
+        return False
+    path.write_text(pattern.sub(lambda _: f"{README_START}\n{block}\n{README_END}", text))
+    return True

@@ -1,0 +1,145 @@
+"""The Locust scenarios: they import, register their options (web UI included), and one real
+headless run of `hot` against gunicorn on the test database ends with a passing audit.
+
+Locust monkey-patches the standard library when imported, so it only ever runs in a
+subprocess here, never in the test process.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+
+from redpack.lab.users import (
+    bench_authorization,
+    bench_sender,
+    bench_users_ensure,
+    bench_users_write_csv,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = ["hot", "throughput", "mixed", "ping"]
+
+INSPECT = """
+import importlib.util, json, sys
+sys.path.insert(0, "locustfiles")
+spec = importlib.util.spec_from_file_location("scenario", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+from locust.argument_parser import get_parser, ui_extra_args_dict
+parsed = get_parser().parse_args(sys.argv[2:])
+print(json.dumps({"web_ui": sorted(ui_extra_args_dict([])), "parsed": vars(parsed)}, default=str))
+"""
+
+
+def inspect(scenario: str, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", INSPECT, f"locustfiles/{scenario}.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_imports_and_registers_its_options(scenario):
+    found = inspect(scenario, "--users-csv", "users.csv", "--summary-json", "out.json")
+
+    assert found["parsed"]["users_csv"] == "users.csv"
+    assert "users_csv" in found["web_ui"] and "sender_token" in found["web_ui"]
+    assert "summary_json" not in found["web_ui"]
+    if scenario != "ping":
+        assert {"strategy", "allocation", "audit", "settle_timeout"} <= set(found["web_ui"])
+
+
+def test_hot_options_parse_from_the_command_line():
+    found = inspect("hot", "--strategy", "pessimistic", "--packets", "7", "--clicks", "2")
+
+    assert found["parsed"]["strategy"] == "pessimistic"
+    assert found["parsed"]["packets"] == 7
+    assert found["parsed"]["clicks"] == 2
+    assert {"packets", "amount", "activity", "clicks"} <= set(found["web_ui"])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def lab_env() -> dict[str, str]:
+    """The environment of a server and tools pointed at the test database and Redis."""
+    db = settings.DATABASES["default"]
+    url = (
+        f"mysql://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 3306}/{db['NAME']}"
+    )
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": url,
+        "SECRET_KEY": settings.SECRET_KEY,
+    }
+
+
+@pytest.fixture
+def web(lab_env):  # type: ignore[no-untyped-def]
+    port = free_port()
+    command = [sys.executable, "-m", "gunicorn", "redpack.wsgi:application"]
+    command += ["--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "8"]
+    server = subprocess.Popen(command, env=lab_env, cwd=REPO, start_new_session=True)
+    host = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{host}/healthz", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.3)
+        yield host
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_headless_hot_run_grabs_every_packet_and_passes_the_audit(web, lab_env, tmp_path):
+    ids, _ = bench_users_ensure(count=30, prefix="locust")
+    users_csv = tmp_path / "users.csv"
+    bench_users_write_csv(user_ids=ids, path=users_csv, ttl=timedelta(hours=1))
+    sender = bench_authorization(bench_sender(prefix="locust"), ttl=timedelta(hours=1))
+    summary = tmp_path / "summary.json"
+
+    done = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", "locustfiles/hot.py", "--headless"]
+        + ["-u", "30", "-r", "30", "-t", "90s", "--stop-timeout", "30", "--host", web]
+        + ["--users-csv", str(users_csv), "--sender-token", sender, "--only-summary"]
+        + ["--strategy", "pessimistic", "--packets", "10", "--summary-json", str(summary)],
+        env=lab_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(summary.read_text())
+    print({k: v for k, v in figures.items() if k != "answers"})
+    assert figures["audit_ok"] is True, figures["violations"]
+    assert figures["requests"] == 30 == sum(figures["outcomes"].values())
+    assert figures["grabbed"] == figures["grabbed_rows"] == 10
+    assert figures["oversold"] == figures["duplicates"] == 0
+    assert "grab: grabbed" in done.stderr + done.stdout  # outcomes are Locust's row names

@@ -1,0 +1,155 @@
+"""The comparison report from given results: markdown, chart, README block, ceilings."""
+
+from redpack.lab import report
+from redpack.lab.compare import assign_ceilings, storage_bound
+
+
+def row(strategy: str, run: str, rate: float, **extra: object) -> dict:
+    base = {
+        "strategy": strategy,
+        "safe": True,
+        "run": run,
+        "requests_per_s": rate,
+        "grabs_per_s": rate / 2,
+        "success_rate": 1.0,
+        "contended_share": 0.0,
+        "oversold": 0,
+        "duplicates": 0,
+        "p50_ms": 2.0,
+        "p95_ms": 5.0,
+        "p99_ms": 9.5,
+        "mysql_queries_per_request": 6.0,
+        "mysql_queries_per_request_own": 6.0,
+        "redis_commands_per_request": 0.0,
+        "cpu_seconds_per_1k_requests": 1.5,
+        "settle_seconds": 0.0,
+        "audit_ok": True,
+    }
+    base.update(extra)
+    return base
+
+
+CEILINGS = [
+    {
+        "name": "MySQL: hot-row UPDATE",
+        "kind": "mysql",
+        "tool": "mysqlslap",
+        "requests_per_s": 5000.0,
+    },
+    {
+        "name": "Redis: representative",
+        "kind": "redis",
+        "tool": "redis-benchmark",
+        "requests_per_s": 40000.0,
+        "p50_ms": 0.2,
+        "p99_ms": 1.0,
+    },
+    {"name": "Web: ping", "kind": "web", "tool": "Locust", "requests_per_s": 2000.0},
+]
+
+
+def results() -> list[dict]:
+    rows = [
+        row("pessimistic", "bench hot", 1000.0),
+        row("pessimistic", "HTTP hot", 800.0),
+        row(
+            "redis_queue",
+            "bench throughput",
+            10000.0,
+            mysql_queries_per_request_own=0.1,
+            redis_commands_per_request=1.0,
+            settle_seconds=1.25,
+        ),
+        row("redis_queue", "HTTP throughput", 1500.0, mysql_queries_per_request=0.1),
+        row("unsafe", "bench hot", 3000.0, safe=False, oversold=42, audit_ok=False),
+    ]
+    assign_ceilings(rows, CEILINGS)
+    return rows
+
+
+def test_each_run_gets_the_ceiling_that_bounds_it():
+    rows = {(r["strategy"], r["run"]): r for r in results()}
+
+    assert rows["pessimistic", "bench hot"]["ceiling"] == "MySQL: hot-row UPDATE"
+    assert rows["pessimistic", "bench hot"]["ceiling_ratio"] == 0.2
+    assert rows["redis_queue", "bench throughput"]["ceiling"] == "Redis: representative"
+    assert rows["redis_queue", "bench throughput"]["ceiling_ratio"] == 0.25
+    # Over HTTP the web server's ping rate is lower than Redis's: that is the ceiling.
+    assert rows["redis_queue", "HTTP throughput"]["ceiling"] == "Web: ping"
+    assert rows["redis_queue", "HTTP throughput"]["ceiling_ratio"] == 0.75
+    assert storage_bound([{"mysql_queries_per_request_own": 0.02}]) == "redis"
+    assert storage_bound([{"mysql_queries_per_request_own": 5}]) == "mysql"
+
+
+def test_markdown_has_a_row_per_run_and_flags_broken_invariants(tmp_path):
+    path = tmp_path / "compare.md"
+    report.write_markdown(
+        path, results=results(), ceilings=CEILINGS, context={"commit": "abc1234", "cpus": 2}
+    )
+    text = path.read_text()
+
+    header = next(line for line in text.splitlines() if line.startswith("| strategy"))
+    for column in (
+        "requests/s",
+        "grabs/s",
+        "success",
+        "contended",
+        "oversold",
+        "p99 ms",
+        "MySQL q/req",
+        "Redis cmd/req",
+        "CPU s/1k req",
+        "persist lag s",
+        "of ceiling",
+    ):
+        assert column in header
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "|---" not in line]
+    assert sum("bench hot" in line for line in rows) == 2
+    unsafe = next(line for line in rows if line.startswith("| unsafe"))
+    assert "**42**" in unsafe and "**FAILED**" in unsafe
+    assert "| 20.0% |" in next(line for line in rows if line.startswith("| pessimistic"))
+    assert "MySQL: hot-row UPDATE | mysqlslap | 5,000" in text
+    # Server-wide count first; the bench's own count when other clients blurred it.
+    assert "| 6.00 |" in next(line for line in rows if line.startswith("| pessimistic"))
+    noisy = [row("pessimistic", "bench hot", 1.0, mysql_queries_per_request=9.0)]
+    assert "| 9.00 (own 6.00) |" in report.results_table(noisy)
+    assert "![throughput and p99 per strategy](compare.png)" in text
+
+
+def test_persist_lag_column_only_when_a_strategy_lags(tmp_path):
+    synchronous = [row("pessimistic", "bench hot", 100.0)]
+    path = tmp_path / "compare.md"
+    report.write_markdown(path, results=synchronous, ceilings=[], context={})
+
+    header = next(line for line in path.read_text().splitlines() if line.startswith("| strategy"))
+    assert "persist lag" not in header
+
+
+def test_chart_is_a_png(tmp_path):
+    path = tmp_path / "compare.png"
+    report.write_chart(path, results=results(), ceilings=CEILINGS)
+
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert path.stat().st_size > 10_000
+
+
+def test_readme_block_is_replaced_between_the_markers_only(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        f"# title\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
+    )
+    block = report.readme_block(results(), {"finished_at": "2030-01-01", "cpus": 2})
+
+    assert report.rewrite_readme(readme, block)
+    text = readme.read_text()
+    assert "old table" not in text
+    assert text.startswith("# title\nbefore\n") and text.endswith("after\n")
+    assert "| redis_queue | bench throughput |" in text
+
+
+def test_readme_without_markers_is_left_alone(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+
+    assert not report.rewrite_readme(readme, "table")
+    assert readme.read_text() == "# no markers\n"

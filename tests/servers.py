@@ -1,0 +1,81 @@
+"""Real server processes for tests: gunicorn serving the test database and test Redis."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def service_env(**extra: str) -> dict[str, str]:
+    """The environment that points a child process at this test run's database and Redis."""
+    db = settings.DATABASES["default"]
+    url = (
+        f"mysql://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 3306}/{db['NAME']}"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "redpack.settings",
+        "DATABASE_URL": url,
+        "REDIS_URL": settings.CACHES["default"]["LOCATION"],
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "SECRET_KEY": settings.SECRET_KEY,
+        "DEBUG": "0",
+    }
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
+    """A gunicorn serving the app on a free port; yields its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "redpack.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=service_env(),
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("gunicorn did not come up") from None
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,68 @@
+import pytest
+from django.contrib.auth import get_user_model
+
+from redpack import services
+from redpack.models import Activity
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(client):  # type: ignore[no-untyped-def]
+    get_user_model().objects.create_superuser("boss", "boss@example.com", "boss-pass-123")
+    client.login(username="boss", password="boss-pass-123")
+    return client
+
+
+def test_admin_creates_an_activity_through_the_service(staff_client):
+    response = staff_client.post(
+        "/admin/redpack/activity/add/",
+        {
+            "total_amount": "12.34",
+            "total_count": "5",
+            "strategy": "pessimistic",
+            "allocation": "line_segment",
+            "expires_in": "600",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    activity = Activity.objects.get()
+    assert activity.surplus_count == 5 and str(activity.surplus_amount) == "12.34"
+    assert activity.allocation == "line_segment" and activity.sender.username == "boss"
+
+
+def test_admin_refuses_an_impossible_activity(staff_client):
+    response = staff_client.post(
+        "/admin/redpack/activity/add/",
+        {
+            "total_amount": "0.04",
+            "total_count": "5",
+            "strategy": "pessimistic",
+            "allocation": "equal",
+            "expires_in": "600",
+        },
+    )
+    assert response.status_code == 200
+    assert "cannot give 5 packets" in response.content.decode()
+    assert not Activity.objects.exists()
+
+
+def test_admin_list_shows_progress_and_filters(staff_client, make_users):
+    sender = make_users(1)[0]
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
+    )
+    services.grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
+    page = staff_client.get("/admin/redpack/activity/?strategy=pessimistic&status=open")
+    assert page.status_code == 200
+    assert "1 / 3" in page.content.decode()
+    detail = staff_client.get(f"/admin/redpack/activity/{activity.pk}/change/")
+    assert detail.status_code == 200
+
+
+def test_admin_is_staff_only(client, make_users):
+    user = make_users(1)[0]
+    user.set_password("plain-pass-123")
+    user.save()
+    client.login(username=user.username, password="plain-pass-123")
+    assert client.get("/admin/redpack/activity/").status_code == 302

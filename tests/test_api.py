@@ -1,0 +1,214 @@
+"""The HTTP contract, through DRF's test client with real tokens, MariaDB and Redis."""
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack.models import Activity, GrabDetail
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user) -> APIClient:  # type: ignore[no-untyped-def]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    return client
+
+
+def send(client: APIClient, **overrides):  # type: ignore[no-untyped-def]
+    body = {
+        "total_amount": "100.00",
+        "total_count": 10,
+        "strategy": "pessimistic",
+        "allocation": "double_average",
+        "expires_in": 86400,
+        **overrides,
+    }
+    return client.post("/api/activities/", body, format="json")
+
+
+def test_send_grab_view_and_list(sender, make_users):
+    grabber = make_users(1)[0]
+    response = send(client_for(sender))
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["sender"] == sender.pk
+    assert body["status"] == "open"
+    assert body["remaining_count"] == 10 and body["remaining_amount"] == "100.00"
+
+    grab = client_for(grabber).post(f"/api/activities/{body['id']}/grab/")
+    assert grab.status_code == 200
+    assert grab.json()["outcome"] == "grabbed"
+    amount = Decimal(grab.json()["amount"])
+    again = client_for(grabber).post(f"/api/activities/{body['id']}/grab/")
+    assert again.json() == {"outcome": "already_grabbed", "amount": grab.json()["amount"]}
+
+    state = client_for(grabber).get(f"/api/activities/{body['id']}/").json()
+    assert state["remaining_count"] == 9
+    assert Decimal(state["remaining_amount"]) == Decimal("100.00") - amount
+    assert state["grabbed_count"] == 1
+
+    mine = client_for(grabber).get("/api/me/grabs/").json()
+    assert mine["count"] == 1
+    assert mine["results"][0]["activity"] == body["id"]
+    assert mine["results"][0]["amount"] == grab.json()["amount"]
+    assert client_for(sender).get("/api/me/grabs/").json()["count"] == 0
+
+
+def test_sold_out_answer(sender, make_users):
+    first, second = make_users(2)
+    activity_id = send(client_for(sender), total_count=1, total_amount="0.01").json()["id"]
+    assert client_for(first).post(f"/api/activities/{activity_id}/grab/").json() == {
+        "outcome": "grabbed",
+        "amount": "0.01",
+    }
+    assert client_for(second).post(f"/api/activities/{activity_id}/grab/").json() == {
+        "outcome": "sold_out"
+    }
+
+
+def test_grab_authenticates_without_touching_the_user_table(sender, make_users):
+    grabber = make_users(1)[0]
+    activity_id = send(client_for(sender)).json()["id"]
+    client = client_for(grabber)
+    client.post(f"/api/activities/{activity_id}/grab/")  # warms the strategy lookup
+    with CaptureQueriesContext(connection) as queries:
+        response = client.post(f"/api/activities/{activity_id}/grab/")
+    assert response.json()["outcome"] == "already_grabbed"
+    assert not [q for q in queries.captured_queries if "auth_user" in q["sql"]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"total_amount": "0.00"}, "total_amount"),
+        ({"total_amount": "-1"}, "total_amount"),
+        ({"total_amount": "1.001"}, "total_amount"),
+        ({"total_amount": "abc"}, "total_amount"),
+        ({"total_amount": "0.09", "total_count": 10}, "total_amount"),
+        ({"total_amount": "99999999999.99"}, "total_amount"),
+        ({"total_count": 0}, "total_count"),
+        ({"total_count": 10_001}, "total_count"),
+        ({"total_count": "ten"}, "total_count"),
+        ({"strategy": "nope"}, "strategy"),
+        ({"allocation": "lottery"}, "allocation"),
+        ({"expires_in": 0}, "expires_in"),
+        ({"expires_in": 10**12}, "expires_in"),
+    ],
+)
+def test_bad_send_input_is_a_400_naming_the_field(sender, overrides, field):
+    response = send(client_for(sender), **overrides)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert field in error["fields"], error
+    assert Activity.objects.count() == 0
+
+
+def test_missing_field_and_malformed_json(sender):
+    client = client_for(sender)
+    response = client.post("/api/activities/", {"total_count": 3}, format="json")
+    assert response.status_code == 400
+    assert {"total_amount", "strategy"} <= set(response.json()["error"]["fields"])
+    response = client.post("/api/activities/", "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "parse_error"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/activities/999999/",
+        "/api/activities/999999/grab/",
+        f"/api/activities/{2**70}/grab/",
+        f"/api/activities/{2**70}/",
+    ],
+)
+def test_unknown_activity_is_a_404(sender, path):
+    client = client_for(sender)
+    response = client.post(path) if path.endswith("grab/") else client.get(path)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("path", ["/api/activities/abc/grab/", "/api/nowhere/"])
+def test_unknown_api_path_is_a_json_404(sender, path):
+    response = client_for(sender).post(path)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("post", "/api/activities/"),
+        ("get", "/api/activities/1/"),
+        ("post", "/api/activities/1/grab/"),
+        ("get", "/api/me/grabs/"),
+        ("get", "/api/strategies/"),
+    ],
+)
+def test_every_api_call_needs_authentication(method, path):
+    response = getattr(APIClient(), method)(path)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] in {"not_authenticated", "authentication_failed"}
+
+
+def test_forged_and_malformed_tokens_are_401(sender, settings):
+    token = AccessToken.for_user(sender)
+    forged = str(token)[:-4] + ("AAAA" if not str(token).endswith("AAAA") else "BBBB")
+    for header in [f"Bearer {forged}", "Bearer not.a.token", "Bearer", "Basic Zm9vOmJhcg=="]:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=header)
+        for response in [client.post("/api/activities/1/grab/"), client.get("/api/me/grabs/")]:
+            assert response.status_code == 401, (header, response.content)
+            assert "error" in response.json()
+
+
+def test_token_issuance(sender):
+    sender.set_password("s3cret-pass")
+    sender.save()
+    response = APIClient().post(
+        "/api/token/", {"username": sender.username, "password": "s3cret-pass"}, format="json"
+    )
+    assert response.status_code == 200
+    access = response.json()["access"]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {access}")
+    assert client.get("/api/strategies/").status_code == 200
+    wrong = APIClient().post(
+        "/api/token/", {"username": sender.username, "password": "x"}, format="json"
+    )
+    assert wrong.status_code == 401
+
+
+def test_strategies_list(sender):
+    rows = client_for(sender).get("/api/strategies/").json()
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["pessimistic"]["safe"] is True
+    assert by_name["pessimistic"]["allowed"] is True
+    assert all(row["label"] and row["tradeoff"] for row in rows)
+
+
+def test_schema_docs_and_healthz_are_public():
+    schema = APIClient().get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+    assert "/api/activities/{id}/grab/" in paths
+    assert APIClient().get("/api/docs/").status_code == 200
+    health = APIClient().get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["checks"]["database"] == health.json()["checks"]["redis"] == "ok"
+
+
+def test_grab_of_a_user_only_counts_for_the_token_owner(sender, make_users):
+    alice, bob = make_users(2)
+    activity_id = send(client_for(sender)).json()["id"]
+    client_for(alice).post(
+        f"/api/activities/{activity_id}/grab/", {"user_id": bob.pk}, format="json"
+    )
+    assert list(GrabDetail.objects.values_list("user_id", flat=True)) == [alice.pk]

@@ -1,0 +1,222 @@
+"""Expiry and exactly-once refund, for every safe strategy, on real MariaDB, Redis and Celery."""
+
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from redpack import expiry, services
+from redpack.audit import audit_activity
+from redpack.models import Activity, ActivityStatus, GrabDetail, Refund
+from redpack.money import to_cents
+from strategies import registry
+from strategies.base import Outcome
+
+from .servers import ROOT, service_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def send(sender, strategy: str, count: int = 20, expires_in: int = 3600) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("20.00"),
+        total_count=count,
+        strategy=strategy,
+        expires_in=expires_in,
+    )
+
+
+def assert_refunded_once(activity_id: int) -> Refund:
+    activity = Activity.objects.get(pk=activity_id)
+    assert activity.status == ActivityStatus.REFUNDED
+    refund = Refund.objects.get(activity_id=activity_id)
+    grabbed = GrabDetail.objects.filter(activity_id=activity_id)
+    assert grabbed.count() + refund.count == activity.total_count
+    cents = sum(to_cents(d.amount) for d in grabbed) + to_cents(refund.amount)
+    assert cents == to_cents(activity.total_amount)
+    report = audit_activity(activity)
+    assert report.ok, report.violations
+    return refund
+
+
+def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
+    users = make_users(80)
+    activity = send(sender, safe_strategy, count=60, expires_in=2)
+    stop = threading.Event()
+    answers: list[tuple[int, Outcome]] = []
+    lock = threading.Lock()
+
+    def grabber(user_id: int) -> None:
+        try:
+            while not stop.is_set():
+                result = services.grab(activity_id=activity.pk, user_id=user_id)
+                with lock:
+                    answers.append((user_id, result.outcome))
+                if result.outcome in {Outcome.CLOSED, Outcome.SOLD_OUT}:
+                    return
+                time.sleep(0.05)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=grabber, args=(u.pk,)) for u in users]
+    for thread in threads:
+        thread.start()
+    while Activity.objects.get(pk=activity.pk).expires_at.timestamp() > time.time():
+        time.sleep(0.05)
+    outcome = expiry.refund(activity_id=activity.pk)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    refund = assert_refunded_once(activity.pk)
+    assert outcome.refunded_now and outcome.count == refund.count
+    late = services.grab(activity_id=activity.pk, user_id=users[-1].pk)
+    assert late.outcome in {Outcome.CLOSED, Outcome.ALREADY_GRABBED}
+    if late.outcome is Outcome.ALREADY_GRABBED:  # the refund closed it: no new grab since
+        assert GrabDetail.objects.filter(activity=activity, user=users[-1]).exists()
+
+
+def test_refund_runs_twice_concurrently_but_pays_once(safe_strategy, sender, make_users):
+    activity = send(sender, safe_strategy, count=10, expires_in=1)
+    for user in make_users(4):
+        services.grab(activity_id=activity.pk, user_id=user.pk)
+    time.sleep(1.1)
+    results = []
+
+    def run() -> None:
+        try:
+            results.append(expiry.refund(activity_id=activity.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sum(r.refunded_now for r in results) == 1
+    assert {(r.amount_cents, r.count) for r in results} == {(results[0].amount_cents, 6)}
+    refund = assert_refunded_once(activity.pk)
+    assert refund.count == 6
+
+
+def test_scanners_racing_each_other_refund_each_activity_once(sender):
+    activities = [send(sender, "pessimistic", count=3, expires_in=1) for _ in range(30)]
+    time.sleep(1.1)
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def scanner() -> None:
+        try:
+            while batch := expiry.claim_due(batch=7, lease_seconds=60):
+                with lock:
+                    claimed.extend(batch)
+                for activity_id in batch:
+                    expiry.refund(activity_id=activity_id)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=scanner) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(claimed) == sorted(a.pk for a in activities)  # each claimed by one scanner
+    for activity in activities:
+        assert_refunded_once(activity.pk)
+    assert Refund.objects.count() == 30
+
+
+def test_a_worker_dying_after_close_is_retried_when_its_lease_ends(safe_strategy, sender):
+    activity = send(sender, safe_strategy, count=5, expires_in=1)
+    time.sleep(1.1)
+    assert expiry.claim_due(batch=10, lease_seconds=0.5) == [activity.pk]
+    registry.get(safe_strategy).close(activity_id=activity.pk)  # ...and the worker dies here
+    assert not Refund.objects.filter(activity=activity).exists()
+    assert expiry.claim_due(batch=10, lease_seconds=60) == []  # still leased
+    time.sleep(0.6)
+    assert expiry.claim_due(batch=10, lease_seconds=60) == [activity.pk]
+    expiry.refund(activity_id=activity.pk)
+    assert assert_refunded_once(activity.pk).count == 5
+    assert expiry.claim_due(batch=10, lease_seconds=60) == []
+
+
+def test_sweep_finds_what_redis_lost(sender):
+    activity = send(sender, "pessimistic", count=5, expires_in=1)
+    expiry.forget(activity.pk)  # as if Redis restarted without persistence
+    time.sleep(1.1)
+    assert expiry.claim_due(batch=10, lease_seconds=60) == []
+    assert expiry.sweep() == 1
+    assert expiry.claim_due(batch=10, lease_seconds=60) == [activity.pk]
+
+
+def test_refund_before_expiry_needs_force(sender, make_users):
+    activity = send(sender, "pessimistic", count=5)
+    with pytest.raises(ValueError, match="not expired"):
+        expiry.refund(activity_id=activity.pk)
+    expiry.refund(activity_id=activity.pk, force=True)
+    assert_refunded_once(activity.pk)
+    late = services.grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
+    assert late.outcome is Outcome.CLOSED
+
+
+def test_celery_worker_and_beat_refund_expired_activities(sender, make_users):
+    """The real processes: `celery -A redpack worker -B` picks expired activities up."""
+    activities = [send(sender, "pessimistic", count=4, expires_in=1) for _ in range(5)]
+    services.grab(activity_id=activities[0].pk, user_id=make_users(1)[0].pk)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "redpack",
+            "worker",
+            "-B",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+            "--schedule",
+            "/tmp/redpack-test-beat-schedule",
+        ],
+        cwd=ROOT,
+        env=service_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while Refund.objects.count() < 5 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    for activity in activities:
+        assert_refunded_once(activity.pk)
+    assert Refund.objects.get(activity=activities[0]).count == 3
+
+
+def test_bench_expiry_command_refunds_everything_once():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(
+        "bench_expiry",
+        "--activities",
+        "40",
+        "--workers",
+        "3",
+        "--grabbers",
+        "2",
+        "--json",
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert result["refund_records"] == 40 and result["audit_ok"] is True
+    assert Refund.objects.count() == 40

@@ -1,0 +1,304 @@
+"""Bad input and bad actors: clear 4xx, never a 500, never a change in the data."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack import services
+from redpack.models import Activity, GrabDetail, Packet, Refund
+
+from .servers import ROOT
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user) -> APIClient:  # type: ignore[no-untyped-def]
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    return client
+
+
+def table_counts() -> tuple[int, ...]:
+    return tuple(
+        m.objects.count() for m in (Activity, GrabDetail, Packet, Refund, get_user_model())
+    )
+
+
+JUNK_VALUES = [
+    None,
+    True,
+    [],
+    {},
+    [1, 2],
+    {"a": 1},
+    "",
+    " ",
+    "１００",
+    "1e400",
+    "-0.01",
+    "0.001",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "9" * 40,
+    10**40,
+    -(10**40),
+    1.5,
+    "1,00",
+    "💰",
+    "\x00",
+    "'; DROP TABLE",
+    "<script>",
+    2**63,
+    -1,
+    0,
+    "DROP",
+    "double_average\x00",
+    "pessimistic ",
+    "PESSIMISTIC",
+]
+REQUIRED = {"total_amount", "total_count", "strategy"}
+FIELDS = ["total_amount", "total_count", "strategy", "allocation", "expires_in"]
+VALID = {
+    "total_amount": "10.00",
+    "total_count": 10,
+    "strategy": "pessimistic",
+    "allocation": "double_average",
+    "expires_in": 600,
+}
+
+
+def malformed_bodies(n: int, rng: random.Random) -> list[bytes]:
+    bodies: list[bytes] = []
+    while len(bodies) < n:
+        kind = rng.random()
+        if kind < 0.15:
+            bodies.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))))
+        elif kind < 0.25:
+            bodies.append(
+                rng.choice(
+                    [
+                        b"[]",
+                        b"null",
+                        b"42",
+                        b'"x"',
+                        b"{",
+                        b'{"total_amount":}',
+                        b"{'a': 1}",
+                        json.dumps([VALID]).encode(),
+                    ]
+                )
+            )
+        else:
+            body = dict(VALID)
+            for field in rng.sample(FIELDS, rng.randint(1, 3)):
+                if field in REQUIRED and rng.random() < 0.2:
+                    body.pop(field)
+                else:
+                    body[field] = rng.choice(JUNK_VALUES)
+            bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+def test_a_thousand_malformed_requests_change_nothing(sender, make_users):
+    grabber = make_users(1)[0]
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    before = table_counts()
+    rng = random.Random(20261121)
+    client = client_for(grabber)
+    statuses = []
+    for body in malformed_bodies(800, rng):
+        response = client.post("/api/activities/", body, content_type="application/json")
+        statuses.append(response.status_code)
+        assert response.status_code == 400, (body, response.content)
+        assert "error" in response.json()
+    hostile_paths = [
+        f"/api/activities/{v}/grab/"
+        for v in [
+            "0",
+            "-1",
+            "abc",
+            "1.5",
+            "9" * 30,
+            "%00",
+            "null",
+            "💰",
+            str(2**63),
+            str(activity.pk) + "0000",
+        ]
+    ]
+    for _ in range(200):
+        path = rng.choice(hostile_paths)
+        response = client.post(
+            path, rng.choice([b"", b"{}", b"[1]", b"\xff\xfe"]), content_type="application/json"
+        )
+        statuses.append(response.status_code)
+        assert response.status_code == 404, (path, response.content)
+    assert len(statuses) == 1000
+    assert table_counts() == before
+    activity.refresh_from_db()
+    assert activity.surplus_count == 5
+
+
+def test_unicode_and_boundary_amounts(sender):
+    client = client_for(sender)
+    for field, value in [
+        ("total_amount", "１００"),
+        ("total_amount", 1.5),
+        ("total_amount", 100),
+        ("total_count", "１０"),
+        ("total_count", 10.0),
+        ("total_count", True),
+        ("expires_in", "６００"),
+    ]:
+        response = client.post("/api/activities/", {**VALID, field: value}, format="json")
+        assert response.status_code == 400, (field, value)
+        assert field in response.json()["error"]["fields"]
+    ok = client.post(
+        "/api/activities/", {**VALID, "total_amount": "0.10", "total_count": 10}, format="json"
+    )
+    assert ok.status_code == 201 and ok.json()["remaining_amount"] == "0.10"
+    too_big = client.post(
+        "/api/activities/", {**VALID, "total_amount": "2000.01", "total_count": 10}, format="json"
+    )
+    assert too_big.status_code == 400 and "total_amount" in too_big.json()["error"]["fields"]
+    at_limit = client.post(
+        "/api/activities/", {**VALID, "total_amount": "2000.00", "total_count": 10}, format="json"
+    )
+    assert at_limit.status_code == 201
+
+
+def test_oversized_body_is_413(sender):
+    response = client_for(sender).post(
+        "/api/activities/",
+        json.dumps({**VALID, "pad": "x" * 100_000}),
+        content_type="application/json",
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "too_large"
+    assert not Activity.objects.exists()
+
+
+def test_grab_throttle_answers_429_with_retry_after(sender, make_users, settings):
+    settings.REDPACK_THROTTLE_RATES = {"grab": "3/min", "send": "2/min"}
+    grabber, other = make_users(2)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    client = client_for(grabber)
+    codes = [client.post(f"/api/activities/{activity.pk}/grab/").status_code for _ in range(5)]
+    assert codes == [200, 200, 200, 429, 429]
+    throttled = client.post(f"/api/activities/{activity.pk}/grab/")
+    assert int(throttled["Retry-After"]) > 0
+    assert throttled.json()["error"]["code"] == "throttled"
+    # The limit is per user: someone else still gets through.
+    assert client_for(other).post(f"/api/activities/{activity.pk}/grab/").status_code == 200
+    sends = [
+        client_for(sender).post("/api/activities/", VALID, format="json").status_code
+        for _ in range(3)
+    ]
+    assert sends == [201, 201, 429]
+
+
+def test_who_grabbed_what_is_for_the_sender_and_staff(sender, make_users):
+    grabber, stranger = make_users(2)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    services.grab(activity_id=activity.pk, user_id=grabber.pk)
+    url = f"/api/activities/{activity.pk}/grabs/"
+    rows = client_for(sender).get(url).json()["results"]
+    assert [row["user"] for row in rows] == [grabber.pk]
+    for user in (stranger, grabber):
+        denied = client_for(user).get(url)
+        assert denied.status_code == 403
+        assert denied.json()["error"]["code"] == "permission_denied"
+    stranger.is_staff = True
+    stranger.save()
+    assert client_for(stranger).get(url).status_code == 200
+    assert client_for(stranger).get("/api/activities/999999/grabs/").status_code == 404
+
+
+def test_token_for_a_user_cannot_grab_for_another(sender, make_users):
+    alice, bob = make_users(2)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    client_for(alice).post(
+        f"/api/activities/{activity.pk}/grab/?user_id={bob.pk}",
+        {"user": bob.pk, "user_id": bob.pk},
+        format="json",
+    )
+    tampered = str(AccessToken.for_user(alice)).split(".")
+    payload = json.loads(_b64decode(tampered[1]))
+    payload["user_id"] = bob.pk
+    tampered[1] = _b64encode(json.dumps(payload).encode())
+    forged = APIClient()
+    forged.credentials(HTTP_AUTHORIZATION="Bearer " + ".".join(tampered))
+    assert forged.post(f"/api/activities/{activity.pk}/grab/").status_code == 401
+    assert list(GrabDetail.objects.values_list("user_id", flat=True)) == [alice.pk]
+
+
+def test_expired_token_is_401(sender):
+    token = AccessToken.for_user(sender)
+    token.set_exp(lifetime=-__import__("datetime").timedelta(seconds=1))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.get("/api/me/grabs/")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "token_not_valid"
+
+
+def test_session_auth_keeps_csrf(sender):
+    sender.set_password("pass-word-123")
+    sender.save()
+    client = APIClient(enforce_csrf_checks=True)
+    assert client.login(username=sender.username, password="pass-word-123")
+    assert client.get("/api/me/grabs/").status_code == 200
+    response = client.post("/api/activities/", VALID, format="json")
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["error"]["message"]
+
+
+def test_check_deploy_is_clean_with_production_settings():
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "DJANGO_SETTINGS_MODULE"}}
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "redpack.settings",
+            "DEBUG": "0",
+            "HTTPS": "1",
+            "SECRET_KEY": "kq3v9X2m-Pz8yL5nR1tW7cB4hJ6dF0gS_aE9uI3oK2xV8bN5mQ1wZ7rT4yU6pL0j",
+            "ALLOWED_HOSTS": "redpack.example.com",
+        }
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def _b64decode(part: str) -> bytes:
+    import base64
+
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def _b64encode(raw: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

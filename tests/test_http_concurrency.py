@@ -1,0 +1,87 @@
+"""Hundreds of users double-clicking over real HTTP (gunicorn), checked row by row in MySQL."""
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from decimal import Decimal
+
+import pytest
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack.audit import audit_activity
+from redpack.models import Activity, GrabDetail
+from redpack.money import to_cents
+from strategies import registry
+
+from .servers import gunicorn
+
+USERS = 200
+PACKETS = 50
+
+
+def call(method: str, url: str, token: str, body: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_double_clicks_match_mysql_row_by_row(safe_strategy, make_users, sender):
+    strategy = safe_strategy
+    users = make_users(USERS)
+    tokens = {u.pk: str(AccessToken.for_user(u)) for u in users}
+    with gunicorn() as base:
+        status, created = call(
+            "POST",
+            f"{base}/api/activities/",
+            str(AccessToken.for_user(sender)),
+            {
+                "total_amount": "50.00",
+                "total_count": PACKETS,
+                "strategy": strategy,
+                "expires_in": 3600,
+            },
+        )
+        assert status == 201, created
+        activity_id = created["id"]
+        answers: list[tuple[int, int, dict]] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(USERS * 2)
+
+        def click(user_id: int) -> None:
+            barrier.wait(timeout=60)
+            status, body = call(
+                "POST", f"{base}/api/activities/{activity_id}/grab/", tokens[user_id]
+            )
+            with lock:
+                answers.append((user_id, status, body))
+
+        threads = [threading.Thread(target=click, args=(u.pk,)) for u in users for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+
+    assert len(answers) == USERS * 2
+    assert {status for _, status, _ in answers} <= {200, 409}
+    assert registry.get(strategy).settle(activity_id=activity_id, timeout=60)
+    grabbed = [
+        (u, to_cents(Decimal(b["amount"]))) for u, _, b in answers if b["outcome"] == "grabbed"
+    ]
+    rows = dict(GrabDetail.objects.filter(activity_id=activity_id).values_list("user_id", "amount"))
+    for user_id, _, body in answers:
+        if body["outcome"] in {"grabbed", "already_grabbed"}:
+            assert to_cents(rows[user_id]) == to_cents(Decimal(body["amount"]))
+    report = audit_activity(Activity.objects.get(pk=activity_id), answers=grabbed)
+    assert report.ok, report.violations
+    if not any(b["outcome"] == "contended" for _, _, b in answers):
+        assert len(rows) == PACKETS

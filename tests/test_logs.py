@@ -1,0 +1,95 @@
+"""One line per event: the formatters, and the events the grab service logs."""
+
+import json
+import logging
+import sys
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError
+from django.test import override_settings
+
+from redpack import services
+from redpack.logs import JsonFormatter, PlainFormatter
+from strategies.base import Outcome
+
+from .dummy_strategies import DUMMIES
+
+
+def record_with_traceback() -> logging.LogRecord:
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("redpack.x", logging.ERROR, __file__, 1, "grab %s", (7,), exc_info)
+    record.event = "grab_failed"
+    record.activity = 7
+    return record
+
+
+def test_json_lines_carry_the_event_fields_and_the_traceback():
+    line = JsonFormatter().format(record_with_traceback())
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["message"] == "grab 7" and data["level"] == "ERROR"
+    assert (data["event"], data["activity"]) == ("grab_failed", 7)
+    assert "ValueError: boom" in data["exc"]
+
+
+def test_plain_lines_are_one_line_with_key_values():
+    line = PlainFormatter().format(record_with_traceback())
+    assert "\n" not in line
+    assert "ERROR redpack.x grab 7 event=grab_failed activity=7" in line
+    assert "ValueError: boom" in line
+
+
+def test_log_format_defaults_to_json_without_debug():
+    assert settings.DEBUG is False
+    assert settings.LOGGING["handlers"]["console"]["formatter"] == "json"
+
+
+@pytest.fixture
+def dummies():  # type: ignore[no-untyped-def]
+    with override_settings(REDPACK_STRATEGIES={**settings.REDPACK_STRATEGIES, **DUMMIES}):
+        yield
+
+
+def activity_of(strategy: str, sender) -> int:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk, total_amount="1.00", total_count=1, strategy=strategy
+    ).pk
+
+
+def events(caplog) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [
+        {k: getattr(r, k) for k in ("event", "activity", "user") if hasattr(r, k)}
+        for r in caplog.records
+        if hasattr(r, "event")
+    ]
+
+
+@pytest.mark.django_db
+def test_grab_events(dummies, sender, caplog):  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.INFO, logger="redpack")
+    contended, broken, locked = (
+        activity_of(name, sender) for name in ("contended", "broken", "lock_timeout")
+    )
+    caplog.clear()
+    assert services.grab(activity_id=contended, user_id=5).outcome is Outcome.CONTENDED
+    with pytest.raises(RuntimeError):
+        services.grab(activity_id=broken, user_id=5)
+    # A lock wait that gave up rolled everything back: the user is told to retry, not a 500.
+    assert services.grab(activity_id=locked, user_id=5).outcome is Outcome.CONTENDED
+    assert events(caplog) == [
+        {"event": "grab_contended", "activity": contended, "user": 5},
+        {"event": "grab_failed", "activity": broken, "user": 5},
+        {"event": "lock_timeout", "activity": locked, "user": 5},
+    ]
+    assert caplog.records[1].exc_info is not None  # the unexpected one keeps its traceback
+
+
+def test_lock_timeouts_are_recognised():
+    assert services.is_lock_timeout(OperationalError(1205, "Lock wait timeout exceeded"))
+    assert services.is_lock_timeout(OperationalError(1213, "Deadlock found"))
+    assert services.is_lock_timeout(OperationalError("database is locked"))
+    assert not services.is_lock_timeout(OperationalError(2006, "MySQL server has gone away"))
