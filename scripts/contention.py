@@ -8,7 +8,8 @@ turned away. Indicative only: it runs client and servers on one machine.
     DJANGO_SETTINGS_MODULE=redpack.settings .venv/bin/python scripts/contention.py \
         --users 200 --packets 50 --clicks 2 --rounds 3 optimistic preallocated
 
-Needs a migrated database (`manage.py migrate`); it adds users and activities to it.
+Uses DATABASE_URL (migrated: `manage.py migrate`) and REDIS_URL like the web server does, and
+adds users and activities there.
 """
 
 import argparse
