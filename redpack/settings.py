@@ -239,12 +239,27 @@ SPECTACULAR_SETTINGS = {
 # Grab strategies: name -> dotted path. An unknown or unimportable entry fails `manage.py check`.
 REDPACK_STRATEGIES = {
     "pessimistic": "strategies.pessimistic.PessimisticStrategy",
+    "distributed_lock": "strategies.distributed_lock.DistributedLockStrategy",
+    "optimistic": "strategies.optimistic.OptimisticStrategy",
+    "preallocated": "strategies.preallocated.PreallocatedStrategy",
+    "preallocated_skip_locked": "strategies.preallocated_skip_locked.SkipLockedStrategy",
+    "unsafe": "strategies.unsafe.UnsafeStrategy",
     "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
     "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
     "redis_queue_async": "strategies.redis_queue_async.RedisQueueAsyncStrategy",
 }
 # Strategies marked unsafe (they oversell under contention) are refused unless this is on.
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
+# distributed_lock: the Redis lock's lifetime (seconds; far above one grab, which takes
+# milliseconds, so only a paused process outlives it) and how long a grab waits for it before
+# answering `contended`.
+REDPACK_LOCK_TIMEOUT = env.float("REDPACK_LOCK_TIMEOUT", default=5.0)
+REDPACK_LOCK_WAIT = env.float("REDPACK_LOCK_WAIT", default=3.0)
+# optimistic / preallocated: retries after a lost race before answering `contended`, each after
+# a jittered sleep of up to REDPACK_RETRY_BACKOFF × 2^retry seconds.
+REDPACK_OPTIMISTIC_MAX_RETRIES = env.int("REDPACK_OPTIMISTIC_MAX_RETRIES", default=3)
+REDPACK_PREALLOCATED_MAX_RETRIES = env.int("REDPACK_PREALLOCATED_MAX_RETRIES", default=5)
+REDPACK_RETRY_BACKOFF = env.float("REDPACK_RETRY_BACKOFF", default=0.005)
 REDPACK_MAX_COUNT = env.int("REDPACK_MAX_COUNT", default=10_000)
 REDPACK_MAX_TOTAL_AMOUNT = env.str("REDPACK_MAX_TOTAL_AMOUNT", default="1000000.00")
 # The average packet may not exceed this (double-average draws stay below twice the average).

@@ -8,13 +8,13 @@ one hot row's lock hand-off; waiters queue on the row up to innodb_lock_wait_tim
 """
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 
 from redpack import allocation
-from redpack.models import Activity, ActivityStatus, GrabDetail
-from redpack.money import from_cents, minus, to_cents
+from redpack.models import Activity
+from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
+from .db import already_grabbed, close_row_locked, existing_cents, record_grab
 
 
 class PessimisticStrategy(GrabStrategy):
@@ -29,36 +29,18 @@ class PessimisticStrategy(GrabStrategy):
         try:
             with transaction.atomic():
                 activity = Activity.objects.select_for_update().get(pk=activity_id)
-                existing = (
-                    GrabDetail.objects.filter(activity_id=activity_id, user_id=user_id)
-                    .values_list("amount", flat=True)
-                    .first()
-                )
-                answer = refusal(activity, None if existing is None else to_cents(existing))
+                answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
                 if answer is not None:
                     return answer
                 cents = allocation.draw(
                     activity.allocation, to_cents(activity.surplus_amount), activity.surplus_count
                 )
-                GrabDetail.objects.create(
-                    activity_id=activity_id, user_id=user_id, amount=from_cents(cents)
-                )
-                Activity.objects.filter(pk=activity_id).update(
-                    surplus_count=F("surplus_count") - 1,
-                    surplus_amount=minus("surplus_amount", cents),
-                    version=F("version") + 1,
-                )
+                record_grab(activity_id=activity_id, user_id=user_id, cents=cents)
                 return GrabResult(Outcome.GRABBED, cents)
         except IntegrityError:
             # UNIQUE (activity, user) caught a duplicate the row lock should already have stopped.
-            row = GrabDetail.objects.get(activity_id=activity_id, user_id=user_id)
-            return GrabResult(Outcome.ALREADY_GRABBED, to_cents(row.amount))
+            return already_grabbed(activity_id=activity_id, user_id=user_id)
 
     def close(self, *, activity_id: int) -> CloseResult:
         with transaction.atomic():
-            activity = Activity.objects.select_for_update().get(pk=activity_id)
-            if activity.status == ActivityStatus.OPEN:
-                Activity.objects.filter(pk=activity_id).update(
-                    status=ActivityStatus.CLOSED, version=F("version") + 1
-                )
-            return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
+            return close_row_locked(activity_id=activity_id)
