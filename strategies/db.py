@@ -14,6 +14,7 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from redpack.errors import Forbidden
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
 
@@ -31,10 +32,13 @@ def existing_cents(*, activity_id: int, user_id: int) -> int | None:
 
 
 def already_grabbed(*, activity_id: int, user_id: int) -> GrabResult:
-    """The answer once UNIQUE (activity, user) refused a second detail row for this user."""
-    return GrabResult(
-        Outcome.ALREADY_GRABBED, existing_cents(activity_id=activity_id, user_id=user_id)
-    )
+    """The answer once the detail insert hit a constraint: UNIQUE (activity, user) refused a
+    second row for this user, or, with no row of theirs, the user itself does not exist (a
+    signed token outliving its user), which is refused rather than answered as a grab."""
+    cents = existing_cents(activity_id=activity_id, user_id=user_id)
+    if cents is None:
+        raise Forbidden(f"user {user_id} does not exist")
+    return GrabResult(Outcome.ALREADY_GRABBED, cents)
 
 
 def record_grab(

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from redpack.errors import Forbidden
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
 
@@ -265,6 +267,9 @@ class RedisStateStrategy(GrabStrategy):
                 )
                 if held is not None:  # MySQL knew of this user's grab although Redis did not
                     return GrabResult(Outcome.ALREADY_GRABBED, to_cents(held))
+                if not get_user_model().objects.filter(pk=user_id).exists():
+                    # A signed token outliving its user: refused; Redis was given back above.
+                    raise Forbidden(f"user {user_id} does not exist") from exc
             raise
         return GrabResult(Outcome.GRABBED, cents)
 

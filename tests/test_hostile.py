@@ -13,6 +13,7 @@ from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import services
 from redpack.models import Activity, GrabDetail, Packet, Refund
+from strategies import registry
 
 from .servers import ROOT
 
@@ -302,3 +303,27 @@ def _b64encode(raw: bytes) -> str:
     import base64
 
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+# Strategies that write MySQL before answering (the asynchronous one answers from Redis alone
+# and trusts the signed token: a grab by a deleted user ends in its dead letters).
+WRITES_BEFORE_ANSWER = [
+    n for n in registry.names() if registry.get(n).safe and registry.get(n).persist_lag() is None
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("strategy", WRITES_BEFORE_ANSWER)
+def test_a_token_outliving_its_user_cannot_grab(strategy, sender, make_users):
+    safe_strategy = strategy
+    ghost = make_users(1)[0]
+    token = AccessToken.for_user(ghost)
+    get_user_model().objects.filter(pk=ghost.pk).delete()
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=safe_strategy
+    )
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    response = client.post(f"/api/activities/{activity.pk}/grab/")
+    assert response.status_code in {403, 409}, response.content
+    assert not GrabDetail.objects.filter(activity=activity).exists()

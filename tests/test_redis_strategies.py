@@ -9,12 +9,13 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from django.db import IntegrityError, connection
+from django.db import connection
 from django.utils import timezone
 from django_redis import get_redis_connection
 
 from redpack import services
 from redpack.audit import audit_activity
+from redpack.errors import Forbidden
 from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import from_cents, to_cents
 from strategies import registry
@@ -69,7 +70,7 @@ def test_failed_mysql_write_gives_everything_back_and_the_user_may_retry(
     before = snapshot(activity.pk)
     newcomer_id = someone.pk + 1000
 
-    with pytest.raises(IntegrityError):
+    with pytest.raises(Forbidden):  # refused (403), not a server error
         services.grab(activity_id=activity.pk, user_id=newcomer_id)
 
     assert snapshot(activity.pk) == before  # the packet is back in its place, no mark is left
