@@ -1,7 +1,11 @@
+import json
+
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path
 
 from strategies import registry
 
@@ -9,6 +13,8 @@ from . import expiry, persist, services
 from .allocation import Allocation
 from .errors import RedpackError
 from .models import Activity, GrabDetail, PersistFailure, PersistFailureStatus, Refund
+
+REPORTS = settings.BASE_DIR / "reports"
 
 
 class ActivitySendForm(forms.ModelForm):
@@ -175,6 +181,34 @@ class ActivityAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        view = self.admin_site.admin_view
+        return [
+            path("report/", view(self.report_view), name="redpack_activity_report"),
+            path("report/chart.png", view(self.report_chart), name="redpack_activity_chart"),
+            *super().get_urls(),
+        ]
+
+    def report_view(self, request: HttpRequest) -> HttpResponse:
+        """The latest `make compare` (reports/compare.json and .png): table and chart."""
+        report = REPORTS / "compare.json"
+        data = json.loads(report.read_text()) if report.exists() else {}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Latest comparison",
+            "opts": self.model._meta,
+            "context": data.get("context", {}),
+            "ceilings": data.get("ceilings", []),
+            "results": data.get("results", []),
+        }
+        return TemplateResponse(request, "admin/redpack/report.html", context)
+
+    def report_chart(self, request: HttpRequest) -> FileResponse:
+        chart = REPORTS / "compare.png"
+        if not chart.exists():
+            raise Http404("no chart yet: run make compare")
+        return FileResponse(chart.open("rb"), content_type="image/png")
 
 
 @admin.register(Refund)

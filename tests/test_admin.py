@@ -66,3 +66,26 @@ def test_admin_is_staff_only(client, make_users):
     user.save()
     client.login(username=user.username, password="plain-pass-123")
     assert client.get("/admin/redpack/activity/").status_code == 302
+
+
+def test_admin_shows_the_latest_report_and_live_progress(staff_client, make_users):
+    page = staff_client.get("/admin/redpack/activity/report/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Latest comparison" in body and "pessimistic" in body  # from reports/compare.json
+    chart = staff_client.get("/admin/redpack/activity/report/chart.png")
+    assert chart.status_code == 200 and chart["Content-Type"] == "image/png"
+    assert (
+        "/admin/redpack/activity/report/"
+        in staff_client.get("/admin/redpack/activity/").content.decode()
+    )
+    sender = make_users(1)[0]
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
+    )
+    change = staff_client.get(f"/admin/redpack/activity/{activity.pk}/change/").content.decode()
+    assert 'http-equiv="refresh"' in change  # an open activity's page follows its progress
+
+
+def test_admin_report_is_staff_only(client):
+    assert client.get("/admin/redpack/activity/report/").status_code == 302
