@@ -1,6 +1,7 @@
 """Real server processes for tests: gunicorn serving the test database and test Redis."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,3 +80,38 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@contextmanager
+def celery_worker(schedule: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all)."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "redpack",
+            "worker",
+            "-B",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "ERROR",
+            "--schedule",
+            str(schedule),
+        ],
+        cwd=ROOT,
+        env=service_env(**env),
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)

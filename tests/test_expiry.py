@@ -1,7 +1,5 @@
 """Expiry and exactly-once refund, for every safe strategy, on real MariaDB, Redis and Celery."""
 
-import subprocess
-import sys
 import threading
 import time
 from decimal import Decimal
@@ -16,7 +14,7 @@ from redpack.money import to_cents
 from strategies import registry
 from strategies.base import Outcome
 
-from .servers import ROOT, service_env
+from .servers import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,36 +162,14 @@ def test_refund_before_expiry_needs_force(sender, make_users):
     assert late.outcome is Outcome.CLOSED
 
 
-def test_celery_worker_and_beat_refund_expired_activities(sender, make_users):
+def test_celery_worker_and_beat_refund_expired_activities(sender, make_users, tmp_path):
     """The real processes: `celery -A redpack worker -B` picks expired activities up."""
     activities = [send(sender, "pessimistic", count=4, expires_in=1) for _ in range(5)]
     services.grab(activity_id=activities[0].pk, user_id=make_users(1)[0].pk)
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "redpack",
-            "worker",
-            "-B",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-            "--schedule",
-            "/tmp/redpack-test-beat-schedule",
-        ],
-        cwd=ROOT,
-        env=service_env(),
-    )
-    try:
+    with celery_worker(tmp_path / "beat-schedule"):
         deadline = time.monotonic() + 60
         while Refund.objects.count() < 5 and time.monotonic() < deadline:
             time.sleep(0.5)
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
     for activity in activities:
         assert_refunded_once(activity.pk)
     assert Refund.objects.get(activity=activities[0]).count == 3

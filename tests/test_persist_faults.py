@@ -5,11 +5,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from redpack.money import to_cents
 from strategies.base import Outcome
 from strategies.redis_state import Keys
 
-from .servers import ROOT, free_port, service_env
+from . import servers
+from .servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,39 +39,9 @@ QUICK = {
 }
 
 
-@contextmanager
-def celery_worker(schedule: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all)."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "redpack",
-            "worker",
-            "-B",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "ERROR",
-            "--schedule",
-            str(schedule),
-        ],
-        cwd=ROOT,
-        env=service_env(**{**QUICK, **env}),
-        start_new_session=True,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+def celery_worker(schedule: Path, **env: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """The test worker, with the persister's intervals shortened."""
+    return servers.celery_worker(schedule, **{**QUICK, **env})
 
 
 def kill_hard(process: subprocess.Popen[bytes]) -> None:
