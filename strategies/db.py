@@ -14,6 +14,7 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
+from redpack import allocation
 from redpack.errors import Forbidden
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
@@ -134,3 +135,14 @@ def close_row_locked(*, activity_id: int) -> CloseResult:
             status=ActivityStatus.CLOSED, version=F("version") + 1
         )
     return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
+
+
+def split_into_packets(activity: Activity) -> None:
+    """Cut the activity into its packets at send time (t_redpack), for pre-allocating strategies."""
+    amounts = allocation.split(
+        activity.allocation, to_cents(activity.total_amount), activity.total_count
+    )
+    Packet.objects.bulk_create(
+        [Packet(activity=activity, amount=from_cents(cents)) for cents in amounts],
+        batch_size=1000,
+    )

@@ -24,12 +24,18 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from redpack import allocation
 from redpack.models import Activity, Packet, PacketStatus
-from redpack.money import from_cents, to_cents
+from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import already_grabbed, claim_packet, close_row_locked, existing_cents, record_grab
+from .db import (
+    already_grabbed,
+    claim_packet,
+    close_row_locked,
+    existing_cents,
+    record_grab,
+    split_into_packets,
+)
 from .retry import attempts
 
 
@@ -39,13 +45,7 @@ class PreallocatedStrategy(GrabStrategy):
     tradeoff = "Packets cut at send; a grab claims a random one, retries if it lost the race."
 
     def prepare(self, activity: Activity) -> None:
-        amounts = allocation.split(
-            activity.allocation, to_cents(activity.total_amount), activity.total_count
-        )
-        Packet.objects.bulk_create(
-            [Packet(activity=activity, amount=from_cents(cents)) for cents in amounts],
-            batch_size=1000,
-        )
+        split_into_packets(activity)
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         for _ in attempts(settings.REDPACK_PREALLOCATED_MAX_RETRIES):

@@ -19,11 +19,11 @@ from typing import ClassVar
 
 from django.db.models import F
 
-from redpack import allocation
 from redpack.models import Activity, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, to_cents
 
 from .base import GrabResult, Outcome
+from .db import split_into_packets
 from .redis_state import PacketTaken, RedisStateStrategy
 
 DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
@@ -48,13 +48,7 @@ class RedisQueueStrategy(RedisStateStrategy):
     )
 
     def prepare(self, activity: Activity) -> None:
-        amounts = allocation.split(
-            activity.allocation, to_cents(activity.total_amount), activity.total_count
-        )
-        Packet.objects.bulk_create(
-            [Packet(activity=activity, amount=from_cents(cents)) for cents in amounts],
-            batch_size=1000,
-        )
+        split_into_packets(activity)
         super().prepare(activity)
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
