@@ -9,10 +9,17 @@ from django.urls import path
 
 from strategies import registry
 
-from . import expiry, persist, services
+from . import expiry, services
 from .allocation import Allocation
 from .errors import RedpackError
-from .models import Activity, GrabDetail, PersistFailure, PersistFailureStatus, Refund
+from .models import (
+    UNRESOLVED_FAILURES,
+    Activity,
+    GrabDetail,
+    PersistFailure,
+    PersistFailureStatus,
+    Refund,
+)
 
 REPORTS = settings.BASE_DIR / "reports"
 
@@ -111,14 +118,14 @@ class ActivityAdmin(admin.ModelAdmin):
 
     @admin.display(description="waiting to persist")
     def waiting_to_persist(self, activity: Activity) -> str:
-        """redis_queue_async: grabs answered but not yet in MySQL (its persist stream)."""
-        if activity.strategy not in persist.asynchronous_strategies():
-            return "— (written before the answer)"
+        """Write-behind strategies: grabs answered but not yet in MySQL."""
         try:
-            waiting = persist.waiting(activity.pk)
+            pending = registry.get(activity.strategy).pending_writes(activity_id=activity.pk)
         except Exception as exc:  # noqa: BLE001 - shown, not fatal: the page is still useful
             return f"unknown: {exc}"
-        return f"{waiting} in Redis, {persist.dead_letters(activity.pk)} failed"
+        if pending is None:
+            return "— (written before the answer)"
+        return f"{pending.waiting} in Redis, {pending.failed} failed"
 
     @admin.display(description="refunded")
     def refunded(self, activity: Activity) -> str:
@@ -274,8 +281,11 @@ class PersistFailureAdmin(admin.ModelAdmin):
     @admin.action(description="Retry: write these grabs to MySQL now", permissions=["retry"])
     def retry(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
         done = 0
-        for failure in queryset.exclude(status=PersistFailureStatus.RESOLVED):
-            error = persist.retry_failure(failure.pk)
+        for failure in queryset.exclude(status=PersistFailureStatus.RESOLVED).select_related(
+            "activity"
+        ):
+            strategy = registry.get(failure.activity.strategy)
+            error = strategy.retry_failed_write(failure_id=failure.pk)
             if error is None:
                 done += 1
             else:
@@ -287,10 +297,11 @@ class PersistFailureAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
         try:
-            lag: dict[str, object] = dict(persist.lag())
+            lag = registry.health()[1].get("persist", {})
         except Exception as exc:  # noqa: BLE001 - shown on the page
             lag = {"error": str(exc)}
-        context = {"persist_lag": lag, "unresolved": persist.dead_letters()}
+        unresolved = PersistFailure.objects.filter(status__in=UNRESOLVED_FAILURES).count()
+        context = {"persist_lag": lag, "unresolved": unresolved}
         return super().changelist_view(request, extra_context={**context, **(extra_context or {})})
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -6,8 +6,9 @@
 - the worker heartbeat is a beat task every REDPACK_HEARTBEAT_SECONDS that a worker runs: it
   proves beat, broker and a worker together. Older than STALE_BEATS intervals: stale.
 - persist lag: how long the oldest acknowledged grab has waited for the database, the largest
-  over the strategies that write later (GrabStrategy.persist_lag); null while none does. Under
-  `persist`, redis_queue_async's own figures: grabs waiting and the oldest one's age.
+  over the strategies that write later (GrabStrategy.health); null while none does. Beside it,
+  the sections those strategies add (redis_queue_async's `persist`: grabs waiting and the
+  oldest one's age), from the same reading.
 """
 
 import time
@@ -19,8 +20,6 @@ from django.db import connection
 from django_redis import get_redis_connection
 
 from strategies import registry
-
-from . import persist
 
 HEARTBEAT_KEY = "rp:heartbeat:worker"
 STALE_BEATS = 4  # heartbeats missed before the worker counts as stale
@@ -90,15 +89,6 @@ def check_worker(age: float | None) -> str:
     return "ok"
 
 
-def persist_lag() -> float | None:
-    lags = []
-    for name in registry.names():
-        lag = registry.get(name).persist_lag()
-        if lag is not None:
-            lags.append(lag)
-    return max(lags, default=None)
-
-
 def report() -> tuple[dict[str, Any], int]:
     """The health document and its HTTP status."""
     age = heartbeat_age()
@@ -108,16 +98,13 @@ def report() -> tuple[dict[str, Any], int]:
         "broker": check_broker(),
         "worker": check_worker(age),
     }
-    try:
-        lag: float | None = persist_lag()
-    except Exception:  # noqa: BLE001 - a strategy's probe failing is not the service failing
-        lag = None
-    waiting: dict[str, Any] = {"error": "Redis is down"}
+    lag: float | None = None
+    sections: dict[str, Any] = {"persist": {"error": "Redis is down"}}
     if checks["redis"] == "ok":
         try:
-            waiting = dict(persist.lag())
-        except Exception as exc:  # noqa: BLE001 - reported as text, like the checks
-            waiting = {"error": _error(exc)}
+            lag, sections = registry.health()
+        except Exception as exc:  # noqa: BLE001 - a strategy's probe failing is not the
+            sections = {"persist": {"error": _error(exc)}}  # service failing: reported as text
     if checks["database"] != "ok" or checks["redis"] != "ok":
         status, code = "down", 503
     elif checks["broker"] != "ok" or checks["worker"] != "ok":
@@ -130,6 +117,6 @@ def report() -> tuple[dict[str, Any], int]:
         "database_vendor": connection.vendor,
         "worker_heartbeat_age_seconds": None if age is None else round(age, 1),
         "persist_lag_seconds": None if lag is None else round(lag, 3),
-        "persist": waiting,
+        **sections,
     }
     return body, code

@@ -146,8 +146,12 @@ class PersistFailureStatus(models.TextChoices):
     RESOLVED = "resolved"  # in MySQL now
 
 
+# Failed grabs that are not yet in MySQL: their activity is not settled.
+UNRESOLVED_FAILURES = (PersistFailureStatus.RETRYING, PersistFailureStatus.DEAD)
+
+
 class PersistFailure(models.Model):
-    """A grab of redis_queue_async that failed to reach MySQL on its own (redpack/persist.py).
+    """A grab of redis_queue_async that failed to reach MySQL on its own (its persister).
 
     The user was told `grabbed`: until the grab is in MySQL, its activity is not settled and is
     not refunded. One row per stream entry, however often it failed.

@@ -10,6 +10,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+import strategies
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -151,19 +153,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
 REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
-# redis_queue_async's persister (redpack/persist.py): how often beat starts a persist run, how
-# long one run may go on, grabs per MySQL transaction, after how long a grab delivered to a
-# consumer that never acknowledged it is taken over, and after how many failures of its own a
-# grab goes to the dead letters.
+# redis_queue_async's persister (strategies/redis_queue_async/persister.py): how often beat
+# starts a persist run, how long one run may go on, grabs per MySQL transaction, after how long
+# a grab delivered to a consumer that never acknowledged it is taken over, and after how many
+# failures of its own a grab goes to the dead letters.
 REDPACK_PERSIST_INTERVAL = env.float("REDPACK_PERSIST_INTERVAL", default=0.5)
 REDPACK_PERSIST_RUN_SECONDS = env.float("REDPACK_PERSIST_RUN_SECONDS", default=20.0)
 REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
 REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
 REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
 REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
-# Fault tests only: "before_commit:<seconds>" or "before_ack:<seconds>" makes every persist
-# batch sleep there, so a test can SIGKILL the persister at that point.
-REDPACK_PERSIST_FAULT_PAUSE = env.str("REDPACK_PERSIST_FAULT_PAUSE", default="")
 CELERY_BEAT_SCHEDULE = {
     "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
     "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
@@ -236,18 +235,9 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-# Grab strategies: name -> dotted path. An unknown or unimportable entry fails `manage.py check`.
-REDPACK_STRATEGIES = {
-    "pessimistic": "strategies.pessimistic.PessimisticStrategy",
-    "distributed_lock": "strategies.distributed_lock.DistributedLockStrategy",
-    "optimistic": "strategies.optimistic.OptimisticStrategy",
-    "preallocated": "strategies.preallocated.PreallocatedStrategy",
-    "preallocated_skip_locked": "strategies.preallocated_skip_locked.SkipLockedStrategy",
-    "unsafe": "strategies.unsafe.UnsafeStrategy",
-    "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
-    "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
-    "redis_queue_async": "strategies.redis_queue_async.RedisQueueAsyncStrategy",
-}
+# Grab strategies: name -> dotted path (strategies.BUILTIN: every strategy this project ships).
+# An unknown or unimportable entry fails `manage.py check`.
+REDPACK_STRATEGIES = dict(strategies.BUILTIN)
 # Strategies marked unsafe (they oversell under contention) are refused unless this is on.
 REDPACK_ALLOW_UNSAFE_STRATEGIES = env.bool("REDPACK_ALLOW_UNSAFE_STRATEGIES", default=False)
 # distributed_lock: the Redis lock's lifetime (seconds; far above one grab, which takes

@@ -3,7 +3,9 @@
 from celery import shared_task
 from django.conf import settings
 
-from . import expiry, health, persist
+from strategies import registry
+
+from . import expiry, health
 
 
 @shared_task(ignore_result=True)
@@ -43,18 +45,20 @@ def heartbeat() -> None:
     health.record_heartbeat()
 
 
-# The persister's runs stop by themselves well within these limits (REDPACK_PERSIST_RUN_SECONDS);
+def run_background(task: str) -> int:
+    """Each distinct function the configured strategies give for this periodic task, once."""
+    return sum(run() for run in registry.background_tasks(task))
+
+
+# The strategies' runs stop by themselves well within these limits (REDPACK_PERSIST_RUN_SECONDS);
 # a run cut short leaves its batch pending, and the reclaim run takes it over.
 @shared_task(ignore_result=True, soft_time_limit=120, time_limit=150)
 def persist_grabs() -> int:
-    """Every REDPACK_PERSIST_INTERVAL: move new grabs of redis_queue_async to MySQL."""
-    return persist.persist_all(run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS)
+    """Every REDPACK_PERSIST_INTERVAL: move new grabs of write-behind strategies to MySQL."""
+    return run_background("persist")
 
 
 @shared_task(ignore_result=True, soft_time_limit=120, time_limit=150)
 def reclaim_grabs() -> int:
     """Every REDPACK_PERSIST_RECLAIM_INTERVAL: persist grabs a dead consumer left pending."""
-    return persist.reclaim_all(
-        min_idle_seconds=settings.REDPACK_PERSIST_RECLAIM_SECONDS,
-        run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS,
-    )
+    return run_background("reclaim")

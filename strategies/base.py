@@ -1,17 +1,25 @@
 """The grab contract every strategy implements (shaped like Django's cache/email backends).
 
+Required:
 - prepare(activity): called inside the send transaction, once the activity row exists.
 - grab(activity_id=, user_id=) -> GrabResult: one attempt; never raises for an expected outcome.
 - close(activity_id=) -> CloseResult: stop grabs atomically and report what is left.
-- settle(activity_id=, timeout=): wait until pending writes reached MySQL (async strategies).
+
+Optional capabilities, with working defaults for a strategy that writes MySQL before it answers
+and keeps no other state. The rest of the project asks for them through the registry and never
+looks at a strategy's class:
+- settle(activity_id=, timeout=): wait until pending writes reached MySQL (write-behind).
+- health(), persist_lag(), pending_writes(activity_id=): how far MySQL trails the answers.
+- background_tasks(): periodic work the Celery tasks run (a persister, its crash recovery).
+- retry_failed_write(failure_id=): the admin's retry of a grab that failed to reach MySQL.
+- rebuild(activity_id=): rewrite state kept outside MySQL from MySQL (`rebuildable`).
 - audit(activity): strategy-specific invariant checks (e.g. Redis agrees with MySQL).
 """
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
-
-from django.utils import timezone
 
 if TYPE_CHECKING:
     from redpack.models import Activity
@@ -37,6 +45,30 @@ class CloseResult:
     remaining_cents: int
 
 
+@dataclass(frozen=True)
+class PendingWrites:
+    """An activity's grabs answered but not yet in MySQL."""
+
+    waiting: int  # on their way (a write-behind queue)
+    failed: int  # failed on their own and wait for a person (retry_failed_write)
+
+
+@dataclass(frozen=True)
+class StrategyHealth:
+    """How far MySQL trails a write-behind strategy's answers, read once."""
+
+    persist_lag: float  # seconds the oldest acknowledged grab has waited for MySQL, 0.0: none
+    sections: Mapping[str, object]  # added to /healthz by key
+
+
+class NotRebuildable(Exception):
+    """The strategy cannot rewrite this activity's state from MySQL now (it keeps none, or MySQL
+    is not yet the whole truth about it); the message says why."""
+
+
+BackgroundTask = Callable[[], int]  # runs once, returns how many items it moved
+
+
 class GrabStrategy:
     name: ClassVar[str]
     label: ClassVar[str]
@@ -48,46 +80,52 @@ class GrabStrategy:
     # DECIMAL arithmetic in SQL is floating point there: decrement amounts with money.minus.
     requires: ClassVar[frozenset[str]] = frozenset()
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
-    # For the bench's Redis ceiling (`manage.py compare`): the strategy's one-round-trip grab
-    # script in strategies/lua/ and its EVALSHA arguments after the SHA, with "$activity",
-    # "$user", "$now" and "$now_ms" (epoch seconds, milliseconds) standing for their values:
-    #   ("grab.lua", "2", "rp:{$activity}:packets", "rp:{$activity}:grabbed", "$user")
-    # compare prepares a real activity of this strategy and runs the script with
-    # redis-benchmark. None: no such script (the MySQL strategies).
-    ceiling_script: ClassVar[tuple[str, ...] | None] = None
+    # Keeps state outside MySQL (Redis) that rebuild() can rewrite from MySQL.
+    rebuildable: ClassVar[bool] = False
 
     def prepare(self, activity: "Activity") -> None:
-        raise NotImplementedError
+        raise NotImplementedError("subclasses of GrabStrategy must provide a prepare() method")
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        raise NotImplementedError
+        raise NotImplementedError("subclasses of GrabStrategy must provide a grab() method")
 
     def close(self, *, activity_id: int) -> CloseResult:
-        raise NotImplementedError
+        raise NotImplementedError("subclasses of GrabStrategy must provide a close() method")
 
     def settle(self, *, activity_id: int, timeout: float) -> bool:
         """True once every acknowledged grab of the activity is in MySQL."""
         return True
 
+    def health(self) -> StrategyHealth | None:
+        """The persist lag and the sections this strategy adds to /healthz; None for strategies
+        that write before they answer."""
+        return None
+
     def persist_lag(self) -> float | None:
         """Seconds the oldest acknowledged grab has waited to reach MySQL, 0.0 when none waits;
         None for strategies that write before they answer. /healthz reports the largest."""
+        health = self.health()
+        return None if health is None else health.persist_lag
+
+    def pending_writes(self, *, activity_id: int) -> PendingWrites | None:
+        """The activity's grabs not yet in MySQL; None for strategies that write before they
+        answer (the admin shows it on the activity's page)."""
         return None
+
+    def background_tasks(self) -> Mapping[str, BackgroundTask]:
+        """Periodic work by task name; redpack/tasks.py runs each distinct one once per beat.
+        Return module-level functions, so that strategies sharing a mechanism share the task."""
+        return {}
+
+    def retry_failed_write(self, *, failure_id: int) -> str | None:
+        """Write a grab that failed to reach MySQL (a PersistFailure row); None once it is
+        there, else the error."""
+        raise NotImplementedError(f"{self.name} writes every grab before it answers")
+
+    def rebuild(self, *, activity_id: int) -> None:
+        """Rewrite the activity's state kept outside MySQL from MySQL; idempotent."""
+        raise NotRebuildable(f"{self.name} keeps no state outside MySQL")
 
     def audit(self, activity: "Activity") -> list[str]:
         """Violations of strategy-specific invariants; the auditor adds the common ones."""
         return []
-
-
-def refusal(activity: "Activity", existing_cents: int | None) -> GrabResult | None:
-    """The answer when a loaded activity row cannot give this user a packet, else None.
-
-    Call it under the same protection as the decrement, so a grab never lands after close.
-    """
-    if activity.status != "open" or activity.expires_at <= timezone.now():
-        return GrabResult(Outcome.CLOSED)
-    if existing_cents is not None:
-        return GrabResult(Outcome.ALREADY_GRABBED, existing_cents)
-    if activity.surplus_count <= 0:
-        return GrabResult(Outcome.SOLD_OUT)
-    return None

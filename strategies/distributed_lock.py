@@ -29,8 +29,8 @@ from redpack import allocation
 from redpack.models import Activity
 from redpack.money import to_cents
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import already_grabbed, close_row_locked, existing_cents, record_grab
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .steps import after_duplicate, close_row_locked, record_grab, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +62,7 @@ class DistributedLockStrategy(GrabStrategy):
         """Nothing to prepare: the lock is created by the first grab and expires on its own."""
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        answer = refusal(
-            Activity.objects.get(pk=activity_id),
-            existing_cents(activity_id=activity_id, user_id=user_id),
-        )
+        answer = refusal(Activity.objects.get(pk=activity_id), user_id=user_id)
         if answer is not None:
             return answer
         lock = activity_lock(activity_id, wait=settings.REDPACK_LOCK_WAIT)
@@ -82,7 +79,7 @@ class DistributedLockStrategy(GrabStrategy):
             # is released only after that.
             with transaction.atomic(durable=True):
                 activity = Activity.objects.get(pk=activity_id)
-                answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+                answer = refusal(activity, user_id=user_id)
                 if answer is not None:
                     return answer
                 cents = allocation.draw(
@@ -94,8 +91,8 @@ class DistributedLockStrategy(GrabStrategy):
                     logger.warning("fenced: activity %s changed under its lock", activity_id)
                     return GrabResult(Outcome.CONTENDED)
                 return GrabResult(Outcome.GRABBED, cents)
-        except IntegrityError:
-            return already_grabbed(activity_id=activity_id, user_id=user_id)
+        except IntegrityError as exc:
+            return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
     def close(self, *, activity_id: int) -> CloseResult:
         # Any holder is done or expired within the lock timeout. Closing without the lock, or

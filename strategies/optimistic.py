@@ -22,9 +22,9 @@ from redpack import allocation
 from redpack.models import Activity, ActivityStatus
 from redpack.money import to_cents
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import already_grabbed, existing_cents, record_grab
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .retry import attempts
+from .steps import after_duplicate, record_grab, refusal
 
 
 class OptimisticStrategy(GrabStrategy):
@@ -38,7 +38,7 @@ class OptimisticStrategy(GrabStrategy):
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         for _ in attempts(settings.REDPACK_OPTIMISTIC_MAX_RETRIES):
             activity = Activity.objects.get(pk=activity_id)
-            answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+            answer = refusal(activity, user_id=user_id)
             if answer is not None:
                 return answer
             cents = allocation.draw(
@@ -54,8 +54,8 @@ class OptimisticStrategy(GrabStrategy):
                         open_only=True,
                     ):
                         return GrabResult(Outcome.GRABBED, cents)
-            except IntegrityError:
-                return already_grabbed(activity_id=activity_id, user_id=user_id)
+            except IntegrityError as exc:
+                return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
         return GrabResult(Outcome.CONTENDED)
 
     def close(self, *, activity_id: int) -> CloseResult:
@@ -66,7 +66,7 @@ class OptimisticStrategy(GrabStrategy):
             if activity.status != ActivityStatus.OPEN:
                 return remaining
             # The version alone says nothing changed since the read, status included (and
-            # keeps the optimizer on the primary key, see db._take_from_surplus).
+            # keeps the optimizer on the primary key, see steps.take_from_surplus).
             closed = Activity.objects.filter(pk=activity_id, version=activity.version).update(
                 status=ActivityStatus.CLOSED, version=F("version") + 1
             )

@@ -13,8 +13,8 @@ from redpack import allocation
 from redpack.models import Activity
 from redpack.money import to_cents
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import already_grabbed, close_row_locked, existing_cents, record_grab
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .steps import after_duplicate, close_row_locked, record_grab, refusal
 
 
 class PessimisticStrategy(GrabStrategy):
@@ -29,7 +29,7 @@ class PessimisticStrategy(GrabStrategy):
         try:
             with transaction.atomic():
                 activity = Activity.objects.select_for_update().get(pk=activity_id)
-                answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+                answer = refusal(activity, user_id=user_id)
                 if answer is not None:
                     return answer
                 cents = allocation.draw(
@@ -37,9 +37,9 @@ class PessimisticStrategy(GrabStrategy):
                 )
                 record_grab(activity_id=activity_id, user_id=user_id, cents=cents)
                 return GrabResult(Outcome.GRABBED, cents)
-        except IntegrityError:
+        except IntegrityError as exc:
             # UNIQUE (activity, user) caught a duplicate the row lock should already have stopped.
-            return already_grabbed(activity_id=activity_id, user_id=user_id)
+            return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
     def close(self, *, activity_id: int) -> CloseResult:
         with transaction.atomic():

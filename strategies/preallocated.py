@@ -5,7 +5,7 @@ picks one available row at random (so rivals rarely pick the same one), then in 
 transaction locks the activity row, claims the packet with
 `UPDATE t_redpack … WHERE id=? AND status=AVAILABLE AND version=?`, decrements the surplus and
 inserts the detail pointing at the packet. The activity row is locked before the claim because
-the claim's foreign-key check read-locks it (strategies/db.py): claiming first and decrementing
+the claim's foreign-key check read-locks it (strategies/steps.py): claiming first and decrementing
 second deadlocks two grabs under load.
 What it checks twice: open / already grabbed / sold out on a plain read, then open, unexpired
 and surplus left again under the activity row lock; if closed, nothing is written and the
@@ -27,16 +27,16 @@ from django.db.models import QuerySet
 from redpack.models import Activity, Packet, PacketStatus
 from redpack.money import to_cents
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import (
-    already_grabbed,
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .retry import attempts
+from .steps import (
+    after_duplicate,
     claim_packet,
     close_row_locked,
-    existing_cents,
     record_grab,
+    refusal,
     split_into_packets,
 )
-from .retry import attempts
 
 
 class PreallocatedStrategy(GrabStrategy):
@@ -50,7 +50,7 @@ class PreallocatedStrategy(GrabStrategy):
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         for _ in attempts(settings.REDPACK_PREALLOCATED_MAX_RETRIES):
             activity = Activity.objects.get(pk=activity_id)
-            answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+            answer = refusal(activity, user_id=user_id)
             if answer is not None:
                 return answer
             picked = random_available(activity, 1).values_list("id", "version", "amount")
@@ -59,7 +59,9 @@ class PreallocatedStrategy(GrabStrategy):
             [(packet_id, version, amount)] = picked
             try:
                 with transaction.atomic():
-                    answer = refusal(Activity.objects.select_for_update().get(pk=activity_id), None)
+                    answer = refusal(
+                        Activity.objects.select_for_update().get(pk=activity_id), user_id=None
+                    )
                     if answer is not None:
                         return answer
                     if not claim_packet(packet_id=packet_id, version=version, user_id=user_id):
@@ -69,8 +71,8 @@ class PreallocatedStrategy(GrabStrategy):
                         activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id
                     )
                     return GrabResult(Outcome.GRABBED, cents)
-            except IntegrityError:
-                return already_grabbed(activity_id=activity_id, user_id=user_id)
+            except IntegrityError as exc:
+                return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
         return GrabResult(Outcome.CONTENDED)
 
     def close(self, *, activity_id: int) -> CloseResult:

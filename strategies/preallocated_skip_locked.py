@@ -10,7 +10,7 @@ and deadlocks with the claims that rewrite those entries.) Then, in the same tra
 surplus decrement, conditional on the activity being open and unexpired (else nothing is
 written and the answer is `closed`), the detail insert, the packet marked taken, commit.
 A locking read takes no foreign-key lock, so holding the packet before the activity row keeps
-the lock order of strategies/db.py.
+the lock order of strategies/steps.py.
 What it checks twice: open / already grabbed / sold out on a plain read, then open and
 unexpired again in the decrement.
 Round trips: 3 reads, then SELECT … SKIP LOCKED + UPDATE activity + INSERT + UPDATE packet +
@@ -28,9 +28,9 @@ from django.db.models import QuerySet
 from redpack.models import Activity, Packet, PacketStatus
 from redpack.money import to_cents
 
-from .base import GrabResult, Outcome, refusal
-from .db import already_grabbed, claim_packet, existing_cents, record_grab
+from .base import GrabResult, Outcome
 from .preallocated import PreallocatedStrategy, random_available
+from .steps import after_duplicate, claim_packet, record_grab, refusal
 
 # Candidates per attempt: enough that grabs in flight rarely cover all of them.
 WINDOW = 16
@@ -44,7 +44,7 @@ class SkipLockedStrategy(PreallocatedStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         activity = Activity.objects.get(pk=activity_id)
-        answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+        answer = refusal(activity, user_id=user_id)
         if answer is not None:
             return answer
         window = random_available(activity, WINDOW).values_list("id", flat=True)
@@ -57,7 +57,9 @@ class SkipLockedStrategy(PreallocatedStrategy):
                     # activity row like those grabs (a wait in MySQL, not a retry loop); once
                     # it is ours, whoever was ahead has committed or rolled back, and nobody
                     # else can claim, so scanning all the activity's packets is safe.
-                    answer = refusal(Activity.objects.select_for_update().get(pk=activity_id), None)
+                    answer = refusal(
+                        Activity.objects.select_for_update().get(pk=activity_id), user_id=None
+                    )
                     if answer is not None:
                         return answer
                     packet = _lock_first_free(available.filter(activity_id=activity_id))
@@ -75,8 +77,8 @@ class SkipLockedStrategy(PreallocatedStrategy):
                 # Cannot lose: the row is locked by this transaction.
                 claim_packet(packet_id=packet.pk, version=packet.version, user_id=user_id)
                 return GrabResult(Outcome.GRABBED, cents)
-        except IntegrityError:
-            return already_grabbed(activity_id=activity_id, user_id=user_id)
+        except IntegrityError as exc:
+            return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
 
 def _lock_first_free(packets: QuerySet[Packet]) -> Packet | None:

@@ -23,12 +23,10 @@ import secrets
 
 from redis.exceptions import LockError
 
-from redpack.models import GrabDetail
-from redpack.money import from_cents
-
 from .base import GrabResult, Outcome
 from .lua import redis_client, script
-from .redis_state import Keys, RedisStateStrategy, now_ms
+from .redis_state import RedisStateStrategy
+from .redis_state.keys import Keys, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +40,6 @@ class RedisCounterStrategy(RedisStateStrategy):
     tradeoff = (
         "A lock-free counter turns away the late clicks; a per-user lock and one EVALSHA draw "
         "the amount; MySQL takes only the winners' writes."
-    )
-    # The grab script alone, with a fixed seed (the pre-check and the lock are round trips more).
-    ceiling_script = (
-        "counter_grab.lua",
-        "4",
-        "rp:{$activity}:meta",
-        "rp:{$activity}:count",
-        "rp:{$activity}:grabbed",
-        "rp:{$activity}:packets",
-        "$user",
-        "$now_ms",
-        "12345",
     )
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
@@ -79,7 +65,7 @@ class RedisCounterStrategy(RedisStateStrategy):
             if outcome != "grabbed":
                 return self.answer(outcome, activity_id, mark)
             assert mark is not None and epoch is not None
-            return self.record(activity_id, user_id, mark, epoch, add_detail)
+            return self.record(activity_id, user_id, mark, epoch)
         finally:
             try:
                 lock.release()
@@ -87,7 +73,3 @@ class RedisCounterStrategy(RedisStateStrategy):
                 logger.warning(
                     "activity %s: lock of user %s expired mid-grab", activity_id, user_id
                 )
-
-
-def add_detail(activity_id: int, user_id: int, cents: int, packet_id: int | None) -> None:
-    GrabDetail.objects.create(activity_id=activity_id, user_id=user_id, amount=from_cents(cents))

@@ -15,16 +15,12 @@ plus one MySQL transaction per winner (≤ total count); losers never touch MySQ
 """
 
 import time
-from typing import ClassVar
 
-from django.db.models import F
-
-from redpack.models import Activity, GrabDetail, Packet, PacketStatus
-from redpack.money import from_cents, to_cents
+from redpack.models import Activity
 
 from .base import GrabResult, Outcome
-from .db import split_into_packets
-from .redis_state import PacketTaken, RedisStateStrategy
+from .redis_state import RedisStateStrategy
+from .steps import held_cents, split_into_packets
 
 DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
 
@@ -35,16 +31,6 @@ class RedisQueueStrategy(RedisStateStrategy):
     tradeoff = (
         "One atomic EVALSHA pops a pre-split packet; MySQL takes only the winners' writes, "
         "which serialize on the activity row."
-    )
-    ceiling_script: ClassVar[tuple[str, ...] | None] = (
-        "queue_grab.lua",
-        "4",
-        "rp:{$activity}:meta",
-        "rp:{$activity}:count",
-        "rp:{$activity}:grabbed",
-        "rp:{$activity}:packets",
-        "$user",
-        "$now_ms",
     )
 
     def prepare(self, activity: Activity) -> None:
@@ -58,34 +44,15 @@ class RedisQueueStrategy(RedisStateStrategy):
             outcome, mark, epoch = self.run_grab("queue_grab", activity_id, user_id)
             if outcome == "grabbed":
                 assert mark is not None and epoch is not None
-                return self.record(activity_id, user_id, mark, epoch, take_packet)
+                return self.record(activity_id, user_id, mark, epoch)
             if outcome != "already_grabbed":
                 return self.answer(outcome, activity_id, mark)
-            held = (
-                GrabDetail.objects.filter(activity_id=activity_id, user_id=user_id)
-                .values_list("amount", flat=True)
-                .first()
-            )
+            held = held_cents(activity_id=activity_id, user_id=user_id)
             if held is not None:
-                return GrabResult(Outcome.ALREADY_GRABBED, to_cents(held))
+                return GrabResult(Outcome.ALREADY_GRABBED, held)
             if time.monotonic() >= give_up:
                 return GrabResult(Outcome.CONTENDED)
             # The first click is still writing MySQL (or giving its packet back): back off, so
             # repeated clicks do not pile queries on the database the first one is waiting for.
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
-
-
-def take_packet(activity_id: int, user_id: int, cents: int, packet_id: int | None) -> None:
-    assert packet_id is not None  # every entry of the packet list names its packet
-    GrabDetail.objects.create(
-        activity_id=activity_id, user_id=user_id, amount=from_cents(cents), redpack_id=packet_id
-    )
-    taken = Packet.objects.filter(
-        pk=packet_id,
-        activity_id=activity_id,
-        status=PacketStatus.AVAILABLE,
-        amount=from_cents(cents),
-    ).update(status=PacketStatus.TAKEN, grabbed_by_id=user_id, version=F("version") + 1)
-    if not taken:
-        raise PacketTaken(packet_id)

@@ -7,7 +7,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils.module_loading import import_string
 
-from .base import GrabStrategy
+from .base import BackgroundTask, GrabStrategy
 
 
 @cache
@@ -19,6 +19,37 @@ def get(name: str) -> GrabStrategy:
 
 def names() -> list[str]:
     return list(settings.REDPACK_STRATEGIES)
+
+
+def background_tasks(task: str) -> list[BackgroundTask]:
+    """The distinct functions the configured strategies give for a periodic task, each once
+    (two names of one mechanism share its task)."""
+    found: list[BackgroundTask] = []
+    for name in names():
+        run = get(name).background_tasks().get(task)
+        if run is not None and run not in found:
+            found.append(run)
+    return found
+
+
+def health() -> tuple[float | None, dict[str, object]]:
+    """The largest persist lag of the configured strategies (None: none writes behind) and the
+    sections they add to /healthz, merged by key; one reading per implementation, so that two
+    names of one mechanism report the same figures."""
+    lags: list[float] = []
+    sections: dict[str, object] = {}
+    probed = []
+    for name in names():
+        strategy = get(name)
+        probe = type(strategy).health
+        if probe in probed:
+            continue
+        probed.append(probe)
+        reading = strategy.health()
+        if reading is not None:
+            lags.append(reading.persist_lag)
+            sections.update(reading.sections)
+    return max(lags, default=None), sections
 
 
 def allowed(name: str) -> bool:

@@ -19,8 +19,8 @@ from redpack import allocation
 from redpack.models import Activity, ActivityStatus, GrabDetail
 from redpack.money import from_cents, to_cents
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome, refusal
-from .db import already_grabbed, existing_cents
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .steps import after_duplicate, refusal
 
 
 class UnsafeStrategy(GrabStrategy):
@@ -34,7 +34,7 @@ class UnsafeStrategy(GrabStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         activity = Activity.objects.get(pk=activity_id)
-        answer = refusal(activity, existing_cents(activity_id=activity_id, user_id=user_id))
+        answer = refusal(activity, user_id=user_id)
         if answer is not None:
             return answer
         surplus_cents = to_cents(activity.surplus_amount)
@@ -43,8 +43,8 @@ class UnsafeStrategy(GrabStrategy):
             GrabDetail.objects.create(
                 activity_id=activity_id, user_id=user_id, amount=from_cents(cents)
             )
-        except IntegrityError:
-            return already_grabbed(activity_id=activity_id, user_id=user_id)
+        except IntegrityError as exc:
+            return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
         Activity.objects.filter(pk=activity_id).update(
             surplus_count=activity.surplus_count - 1,
             surplus_amount=from_cents(surplus_cents - cents),

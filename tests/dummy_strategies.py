@@ -5,7 +5,7 @@ They keep no state: prepare does nothing and grab answers the same thing every t
 
 from django.db import OperationalError
 
-from strategies.base import CloseResult, GrabResult, GrabStrategy, Outcome
+from strategies.base import CloseResult, GrabResult, GrabStrategy, Outcome, StrategyHealth
 
 
 class _Dummy(GrabStrategy):
@@ -46,8 +46,8 @@ class LaggingStrategy(_Dummy):
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         return GrabResult(Outcome.SOLD_OUT)
 
-    def persist_lag(self) -> float | None:
-        return 2.5
+    def health(self) -> StrategyHealth | None:
+        return StrategyHealth(2.5, {})
 
 
 class OtherDatabaseStrategy(_Dummy):

@@ -83,13 +83,19 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
 
 
 @contextmanager
-def celery_worker(schedule: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all)."""
+def celery_worker(
+    schedule: Path, *, pause: str | None = None, **env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all).
+
+    `pause` ("before_commit:300"): the persister stops there in every batch
+    (tests/paused_worker.py)."""
+    launcher = ["tests.paused_worker", pause] if pause else ["celery"]
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "celery",
+            *launcher,
             "-A",
             "redpack",
             "worker",

@@ -18,12 +18,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_redis import get_redis_connection
 
-from redpack import persist, services
+from redpack import services
 from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail, PersistFailure
 from redpack.money import to_cents
 from strategies.base import Outcome
-from strategies.redis_state import Keys
+from strategies.redis_queue_async import stream
+from strategies.redis_state.keys import Keys
 
 from . import servers
 from .servers import free_port
@@ -39,9 +40,11 @@ QUICK = {
 }
 
 
-def celery_worker(schedule: Path, **env: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+def celery_worker(
+    schedule: Path, *, pause: str | None = None, **env: str
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """The test worker, with the persister's intervals shortened."""
-    return servers.celery_worker(schedule, **{**QUICK, **env})
+    return servers.celery_worker(schedule, pause=pause, **{**QUICK, **env})
 
 
 def kill_hard(process: subprocess.Popen[bytes]) -> None:
@@ -86,16 +89,16 @@ def rows(activity: Activity) -> dict[int, int]:
     }
 
 
-def stream(activity: Activity) -> str:
+def stream_key(activity: Activity) -> str:
     return Keys(activity.pk).persist
 
 
 def delivered_unacknowledged(activity: Activity) -> int:
     redis = get_redis_connection("default")
-    if not redis.exists(stream(activity)):
+    if not redis.exists(stream_key(activity)):
         return 0
     try:
-        return int(redis.xpending(stream(activity), persist.GROUP)["pending"])
+        return int(redis.xpending(stream_key(activity), stream.GROUP)["pending"])
     except Exception:  # noqa: BLE001 - no group yet: nothing delivered
         return 0
 
@@ -113,7 +116,7 @@ def uncommitted_rows() -> int:
 
 def assert_exactly_once(activity: Activity, answers: dict[int, int]) -> None:
     """Every acknowledged grab is one row with its amount; nothing else; surplus agrees."""
-    assert get_redis_connection("default").xlen(stream(activity)) == 0
+    assert get_redis_connection("default").xlen(stream_key(activity)) == 0
     assert rows(activity) == answers
     assert GrabDetail.objects.filter(activity=activity).count() == len(answers)
     activity.refresh_from_db()
@@ -129,7 +132,7 @@ def test_celery_worker_and_beat_persist_grabs_without_anyone_settling(make_users
     with celery_worker(tmp_path / "beat"):
         answers = grab_all(activity, users)
         wait_for(lambda: len(rows(activity)) == 30, "the worker to persist 30 grabs")
-        wait_for(lambda: persist.lag()["pending"] == 0, "the stream to empty")
+        wait_for(lambda: stream.lag()["pending"] == 0, "the stream to empty")
     assert_exactly_once(activity, answers)
 
 
@@ -146,7 +149,7 @@ def test_sigkill_mid_batch_then_restart_writes_every_grab_once(
     activity = send(sender, 50)
     users = make_users(50)
     answers = grab_all(activity, users[:40])
-    with celery_worker(tmp_path / "beat-1", REDPACK_PERSIST_FAULT_PAUSE=f"{pause}:300") as doomed:
+    with celery_worker(tmp_path / "beat-1", pause=f"{pause}:300") as doomed:
         wait_for(lambda: delivered_unacknowledged(activity) == 40, "the batch to be delivered")
         if committed:
             wait_for(lambda: len(rows(activity)) == 40, "the batch to commit")
@@ -159,7 +162,7 @@ def test_sigkill_mid_batch_then_restart_writes_every_grab_once(
 
     with celery_worker(tmp_path / "beat-2"):
         wait_for(
-            lambda: len(rows(activity)) == 50 and persist.lag()["pending"] == 0,
+            lambda: len(rows(activity)) == 50 and stream.lag()["pending"] == 0,
             "the new worker to take the batch over and persist everything",
         )
     assert_exactly_once(activity, answers)
@@ -240,7 +243,7 @@ def test_mysql_unavailable_grabs_are_answered_then_drain_when_it_returns(
         assert len(queries) == 0
         time.sleep(3)  # several persist and reclaim runs fail meanwhile
         assert len(rows(activity)) == 10
-        lag = persist.lag()
+        lag = stream.lag()
         assert lag["pending"] == 20 and lag["oldest_age_seconds"] >= 3
         assert not PersistFailure.objects.exists()  # an outage is not the grabs' fault
         assert delivered_unacknowledged(activity) == 20  # read by the worker, not persisted
@@ -249,7 +252,7 @@ def test_mysql_unavailable_grabs_are_answered_then_drain_when_it_returns(
         proxy.restore()
         answers |= grab_all(activity, users[30:])
         wait_for(
-            lambda: len(rows(activity)) == 40 and persist.lag()["pending"] == 0,
+            lambda: len(rows(activity)) == 40 and stream.lag()["pending"] == 0,
             "the backlog to drain once MySQL is back",
             timeout=60,
         )

@@ -12,11 +12,12 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import persist, services
+from redpack import services
 from strategies import registry
 from strategies.base import Outcome
 from strategies.lua import redis_client
-from strategies.redis_state import Keys
+from strategies.redis_queue_async import persister, stream
+from strategies.redis_state.keys import Keys
 
 from .contract.harness import check_close_stops_grabs, check_double_clicks, grab_concurrently
 
@@ -167,11 +168,11 @@ def test_persister_on_cluster(on_cluster, make_users, sender):
     for activity in activities:
         answers = grab_concurrently(activity.pk, [u.pk for u in users], clicks_per_user=1)
         answered += sum(a.result.outcome is Outcome.GRABBED for a in answers)
-    assert sorted(persist.registered()) == sorted(a.pk for a in activities)
-    assert persist.lag()["pending"] == answered == 24
-    assert persist.persist_all(run_seconds=30) == 24
-    assert persist.lag() == {"pending": 0, "oldest_age_seconds": 0.0}
+    assert sorted(stream.registered()) == sorted(a.pk for a in activities)
+    assert stream.lag()["pending"] == answered == 24
+    assert persister.persist_all(run_seconds=30) == 24
+    assert stream.lag() == {"pending": 0, "oldest_age_seconds": 0.0}
     for activity in activities:
         registry.get("redis_queue_async").close(activity_id=activity.pk)
-    persist.reclaim_all(min_idle_seconds=0, run_seconds=30)
-    assert persist.registered() == []
+    persister.reclaim_all(min_idle_seconds=0, run_seconds=30)
+    assert stream.registered() == []

@@ -15,13 +15,14 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from redpack import expiry, persist, services
+from redpack import expiry, services
 from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail, PersistFailure, PersistFailureStatus
 from redpack.money import to_cents
 from strategies import registry
 from strategies.base import Outcome
-from strategies.redis_state import Keys
+from strategies.redis_queue_async import persister, stream
+from strategies.redis_state.keys import Keys
 
 from .contract.harness import grab_concurrently
 
@@ -83,13 +84,13 @@ def test_grab_answers_from_redis_alone_and_mysql_follows(make_users, sender):
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, answers[users[1].pk])
     assert rows(activity) == {}  # nobody persisted yet
     assert stream_length(activity) == 10
-    lag = persist.lag()
+    lag = stream.lag()
     assert lag["pending"] == 10 and lag["oldest_age_seconds"] >= 0
     assert audited(activity) == []  # Redis agrees with MySQL plus the grabs on their way
 
     assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)
     assert stream_length(activity) == 0
-    assert persist.lag()["pending"] == 0
+    assert stream.lag()["pending"] == 0
     persisted = rows(activity)
     assert len(persisted) == 10 and all(persisted[u] == c for u, c in answers.items())
     activity.refresh_from_db()
@@ -121,12 +122,12 @@ def test_an_entry_delivered_twice_is_one_row(make_users, sender):
     users = make_users(6)
     activity = send(sender, count=5)
     answers = grab_all(activity, [u.pk for u in users])
-    entries = persist._read_new(activity.pk, 100)
+    entries = stream.read_new(activity.pk, 100)
     assert len(entries) == 5
-    assert persist._store(activity.pk, entries, redelivered=False) == 5  # committed, not acked
+    assert persister._store(activity.pk, entries, redelivered=False) == 5  # committed, not acked
 
-    assert persist.reclaim_all(min_idle_seconds=0, run_seconds=10) == 5  # delivered again
-    assert persist._store(activity.pk, entries, redelivered=True) == 0  # and once more by hand
+    assert persister.reclaim_all(min_idle_seconds=0, run_seconds=10) == 5  # delivered again
+    assert persister._store(activity.pk, entries, redelivered=True) == 0  # and once more by hand
     assert stream_length(activity) == 0
     assert rows(activity) == answers
     activity.refresh_from_db()
@@ -147,7 +148,7 @@ def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
     assert len(answers) == 5
 
     with caplog.at_level(logging.ERROR, logger="redpack.persist.failures"):
-        assert persist.persist_all(run_seconds=10) == 5  # one batch read, split, 4 written
+        assert persister.persist_all(run_seconds=10) == 5  # one batch read, split, 4 written
     assert set(rows(activity)) == {u.pk for u in users}
     failure = PersistFailure.objects.get()
     assert (failure.user_id, failure.attempts, failure.status) == (ghost_id, 1, "retrying")
@@ -162,12 +163,12 @@ def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
 
     assert not registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=0.5)
     for attempt in (2, 3):
-        persist.reclaim_all(min_idle_seconds=0, run_seconds=10)
+        persister.reclaim_all(min_idle_seconds=0, run_seconds=10)
         failure.refresh_from_db()
         assert failure.attempts == attempt
     assert failure.status == PersistFailureStatus.DEAD
     assert stream_length(activity) == 0  # dead: out of the stream, into the dead letters
-    assert persist.lag()["pending"] == 0
+    assert stream.lag()["pending"] == 0
     assert not registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=5)
     assert "1 grabs failed to persist" in " ".join(audited(activity))
     with pytest.raises(expiry.NotSettled):  # the ghost's packet is not refunded to the sender
@@ -175,11 +176,11 @@ def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
     with pytest.raises(CommandError, match="1 activities not rebuilt"):
         call_command("redis_rebuild", "--activity", activity.pk)  # MySQL lacks the ghost's grab
 
-    assert persist.retry_failure(failure.pk) is not None  # still no such user
+    assert persister.retry_failure(failure.pk) is not None  # still no such user
     failure.refresh_from_db()
     assert failure.attempts == 4 and failure.status == PersistFailureStatus.DEAD
     get_user_model().objects.create(pk=ghost_id, username="ghost")
-    assert persist.retry_failure(failure.pk) is None
+    assert persister.retry_failure(failure.pk) is None
     failure.refresh_from_db()
     assert failure.status == PersistFailureStatus.RESOLVED and failure.resolved_at
     assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=5)
@@ -197,7 +198,7 @@ def test_admin_shows_failures_and_lag_and_retries_with_the_permission(
     activity = send(sender, count=3)
     ghost_id = users[-1].pk + 1000
     grab_all(activity, [users[0].pk, ghost_id])
-    persist.persist_all(run_seconds=10)
+    persister.persist_all(run_seconds=10)
     failure = PersistFailure.objects.get()
     assert failure.status == PersistFailureStatus.DEAD
     services.grab(activity_id=activity.pk, user_id=users[1].pk)  # one more waiting
@@ -283,19 +284,19 @@ def test_redis_rebuild_waits_for_the_grabs_on_their_way(make_users, sender):
 
 def test_the_index_lists_open_activities_and_drops_settled_closed_ones(make_users, sender):
     activity = send(sender, count=3)
-    assert persist.registered() == [activity.pk]
-    get_redis_connection("default").srem(persist.INDEX_KEY, activity.pk)  # lost
-    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
-    assert persist.registered() == [activity.pk]  # found again from MySQL
+    assert stream.registered() == [activity.pk]
+    get_redis_connection("default").srem(stream.INDEX_KEY, activity.pk)  # lost
+    persister.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert stream.registered() == [activity.pk]  # found again from MySQL
 
     answers = grab_all(activity, [u.pk for u in make_users(2)])
     closed = registry.get(STRATEGY).close(activity_id=activity.pk)
     assert closed.remaining_count == 1
-    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
-    assert persist.registered() == [activity.pk]  # closed, but grabs still on their way
-    persist.persist_all(run_seconds=10)
-    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
-    assert persist.registered() == []
+    persister.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert stream.registered() == [activity.pk]  # closed, but grabs still on their way
+    persister.persist_all(run_seconds=10)
+    persister.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert stream.registered() == []
     expiry.refund(activity_id=activity.pk, force=True)
     assert audited(activity, answers) == []
 
@@ -306,14 +307,14 @@ def test_concurrent_grabs_and_persisters_write_each_grab_once(make_users, sender
     activity = send(sender, count=100, total="100.00")
     stop = threading.Event()
 
-    def persister() -> None:
+    def persist_in_a_loop() -> None:
         try:
             while not stop.is_set():
-                persist.persist_all(run_seconds=1)
+                persister.persist_all(run_seconds=1)
         finally:
             connection.close()
 
-    runners = [threading.Thread(target=persister) for _ in range(2)]
+    runners = [threading.Thread(target=persist_in_a_loop) for _ in range(2)]
     for runner in runners:
         runner.start()
     try:
@@ -343,13 +344,13 @@ def test_the_stream_outlives_the_state_while_it_holds_grabs(make_users, sender, 
     time.sleep(max(0.0, (activity.expires_at - timezone.now()).total_seconds()) + 1.2)
     assert not redis.exists(*keys.ordered())  # the state is gone
     assert stream_length(activity) == 1
-    assert persist.lag()["pending"] == 1
+    assert stream.lag()["pending"] == 1
 
-    persist.persist_all(run_seconds=10)
+    persister.persist_all(run_seconds=10)
     assert not redis.exists(keys.persist)  # empty, and its state gone: deleted
     assert rows(activity) == answers
     left = registry.get(STRATEGY).close(activity_id=activity.pk)
     assert (left.remaining_count, left.remaining_cents) == (1, 100 - answers[user.pk])
-    persist.reclaim_all(min_idle_seconds=30, run_seconds=5)
-    assert persist.registered() == []
+    persister.reclaim_all(min_idle_seconds=30, run_seconds=5)
+    assert stream.registered() == []
     assert audited(activity, answers) == []

@@ -21,7 +21,7 @@ from redpack.money import from_cents, to_cents
 from strategies import registry
 from strategies.base import Outcome
 from strategies.lua import script
-from strategies.redis_state import Keys, now_ms
+from strategies.redis_state.keys import Keys, now_ms
 
 from .contract.harness import grab_concurrently
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from redpack.models import Activity, ActivityStatus
 from strategies import registry
-from strategies.redis_state import NotRebuildable, RedisStateStrategy
+from strategies.base import NotRebuildable
 
 
 class Command(BaseCommand):
@@ -20,20 +20,18 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, activity: int | None, **options: object) -> None:
         redis_strategies = {
-            name: candidate
+            name: strategy
             for name in registry.names()
-            if isinstance(candidate := registry.get(name), RedisStateStrategy)
+            if (strategy := registry.get(name)).rebuildable
         }
         activities = Activity.objects.filter(strategy__in=redis_strategies).order_by("pk")
         if activity is not None:
             activities = Activity.objects.filter(pk=activity)
-            strategy = activities.values_list("strategy", flat=True).first()
-            if strategy is None:
+            name = activities.values_list("strategy", flat=True).first()
+            if name is None:
                 raise CommandError(f"activity {activity} does not exist")
-            if strategy not in redis_strategies:
-                raise CommandError(
-                    f"activity {activity} uses {strategy!r}, which keeps no Redis state"
-                )
+            if name not in redis_strategies:
+                raise CommandError(f"activity {activity} uses {name!r}, which keeps no Redis state")
         else:
             # Older state would expire at once: its keys live until expiry plus the grace.
             grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
@@ -43,7 +41,7 @@ class Command(BaseCommand):
         rebuilt, refused = 0, 0
         for activity_id, name in activities.values_list("pk", "strategy").iterator():
             try:
-                redis_strategies[name].install(activity_id)
+                redis_strategies[name].rebuild(activity_id=activity_id)
             except NotRebuildable as exc:
                 self.stderr.write(str(exc))
                 refused += 1

@@ -9,7 +9,8 @@ MySQL". A repeated click finds the mark and answers `already_grabbed` at once. M
 the path (services.grab reads an activity's strategy name from MySQL once per process and keeps
 it; a missing Redis state reads the activity row once, as for redis_queue).
 
-Persist: redpack/persist.py, run by Celery beat and workers, moves grabs to MySQL in batches,
+Persist: persister.py (MySQL side) and stream.py (Redis side), run by Celery beat and workers
+through the strategy's background tasks, moves grabs to MySQL in batches,
 one transaction each, and takes them out of the stream only after the commit; `settle` waits
 for an activity's stream to empty, and helps by persisting it in the caller's process.
 
@@ -24,19 +25,29 @@ second of grabs if its machine dies) and noeviction; MySQL trails by the persist
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 
-from redpack import persist
-from redpack.models import Activity, ActivityStatus, PersistFailure
-from redpack.money import to_cents
+from redpack.models import UNRESOLVED_FAILURES, Activity, PersistFailure
 
-from .base import CloseResult, GrabResult, Outcome
-from .lua import script
-from .redis_queue import RedisQueueStrategy
-from .redis_state import Keys, NotRebuildable, Recorded, Snapshot, now_ms, parse_mark
+from ..base import (
+    BackgroundTask,
+    CloseResult,
+    GrabResult,
+    NotRebuildable,
+    Outcome,
+    PendingWrites,
+    StrategyHealth,
+)
+from ..lua import script
+from ..redis_queue import RedisQueueStrategy
+from ..redis_state.audit import Snapshot
+from ..redis_state.keys import Keys, now_ms, parse_mark
+from ..redis_state.rebuild import Recorded
+from ..steps import close_row_locked
+from . import persister, stream
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +61,6 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         "One EVALSHA pops a packet and queues the grab in a Redis stream; the answer needs no "
         "MySQL, which Celery fills in batches, so MySQL trails by the persist lag."
     )
-    ceiling_script = (
-        "queue_grab.lua",
-        "5",
-        "rp:{$activity}:meta",
-        "rp:{$activity}:count",
-        "rp:{$activity}:grabbed",
-        "rp:{$activity}:packets",
-        "rp:{$activity}:persist",
-        "$user",
-        "$now_ms",
-    )
 
     def state_keys(self, activity_id: int) -> list[str]:
         keys = Keys(activity_id)
@@ -68,7 +68,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
 
     def install(self, activity_id: int) -> bool:
         """Write the state from MySQL once MySQL holds every grab (install.lua refuses before)."""
-        if persist.dead_letters(activity_id):
+        if persister.dead_letters(activity_id):
             raise NotRebuildable(
                 f"activity {activity_id} has grabs that failed to persist: retry them in the "
                 "admin (Persist failures) before rebuilding its Redis state"
@@ -77,8 +77,8 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         while not super().install(activity_id):
             if time.monotonic() >= give_up:
                 raise NotRebuildable(f"activity {activity_id}: grabs still wait to persist")
-            persist.drain(activity_id, until=give_up)
-        persist.register(activity_id)  # after the state exists: the index drops stateless ones
+            persister.drain(activity_id, until=give_up)
+        stream.register(activity_id)  # after the state exists: the index drops stateless ones
         return True
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
@@ -95,21 +95,30 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
             keys=Keys(activity_id).ordered(),
             args=[now_ms(), settings.REDPACK_REDIS_STATE_GRACE * 1000],
         )
-        Activity.objects.filter(pk=activity_id, status=ActivityStatus.OPEN).update(
-            status=ActivityStatus.CLOSED, version=F("version") + 1
-        )
+        with transaction.atomic():
+            in_mysql = close_row_locked(activity_id=activity_id)
         if in_redis is not None:
             return CloseResult(*in_redis)
         # No state: it expired long after the activity did, or Redis lost it (and with it the
         # grabs not yet persisted). MySQL is the record.
-        activity = Activity.objects.get(pk=activity_id)
-        return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
+        return in_mysql
 
     def settle(self, *, activity_id: int, timeout: float) -> bool:
-        return persist.settle(activity_id, timeout=timeout)
+        return persister.settle(activity_id, timeout=timeout)
 
-    def persist_lag(self) -> float | None:
-        return float(persist.lag()["oldest_age_seconds"])
+    def health(self) -> StrategyHealth | None:
+        """Grabs waiting in Redis and the oldest one's age, read once, from Redis alone."""
+        lag = stream.lag()
+        return StrategyHealth(float(lag["oldest_age_seconds"]), {"persist": lag})
+
+    def pending_writes(self, *, activity_id: int) -> PendingWrites | None:
+        return PendingWrites(stream.waiting(activity_id), persister.dead_letters(activity_id))
+
+    def background_tasks(self) -> Mapping[str, BackgroundTask]:
+        return {"persist": persister.persist_run, "reclaim": persister.reclaim_run}
+
+    def retry_failed_write(self, *, failure_id: int) -> str | None:
+        return persister.retry_failure(failure_id)
 
     def audit(self, activity: Activity) -> list[str]:
         """Redis against MySQL plus the grabs on their way, read with the activity row locked so
@@ -118,7 +127,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
             locked = Activity.objects.select_for_update().get(pk=activity.pk)
             differences = super().audit(locked)
             failed = PersistFailure.objects.filter(
-                activity=locked, status__in=persist.UNRESOLVED
+                activity=locked, status__in=UNRESOLVED_FAILURES
             ).count()
         if failed:
             differences.append(f"{failed} grabs failed to persist (see Persist failures)")
@@ -128,7 +137,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         """MySQL, plus the grabs still in the stream and those that failed to persist."""
         recorded = super().recorded(activity, state)
         failed = PersistFailure.objects.filter(
-            activity=activity, status__in=persist.UNRESOLVED
+            activity=activity, status__in=UNRESOLVED_FAILURES
         ).values_list("payload", flat=True)
         on_the_way = [(fields["user"], fields["mark"]) for _, fields in state.stream] + [
             (payload["user"], payload["mark"]) for payload in failed

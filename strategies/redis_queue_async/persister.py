@@ -1,28 +1,14 @@
 """redis_queue_async's persister: acknowledged grabs move from Redis to MySQL (seed 001, 异步入库).
 
-Where grabs wait. The grab script appends {user, mark} to the activity's Redis Stream
-`rp:{<id>}:persist` in the step that pops the packet. A stream with a consumer group rather
-than the seed's BRPOPLPUSH into a backup list: the group's pending entries list records which
-entry was delivered to which consumer, when, and how many times, so a crashed consumer's
-entries are found by their idle time (XAUTOCLAIM) instead of being guessed from a backup list
-and checked against MySQL one by one. An entry leaves the stream (XACK + XDEL,
-lua/persisted.lua) only after its batch committed, so the stream's length is exactly the
-number of grabs still on their way to MySQL.
+The grabs wait in the activity's persist stream (stream.py). The reclaim run also puts back into
+the index every open activity that MySQL knows, should the index lose one.
 
-Which activities. One stream per activity keeps every grab on one slot of a Redis Cluster, and
-the grab script cannot also touch a global "dirty" key (another slot). So the strategy adds each
-activity to the set `rp:async:activities` once its state is installed (send, rebuild), and the
-persister reads the length of every member's stream in one pipeline. A member leaves the set when
-its activity is closed in Redis (or its state is gone) and its stream is empty: no grab can come
-after that. The reclaim run puts back every open activity that MySQL knows, should the set lose
-one.
-
-Runs. Celery beat starts `persist_grabs` every REDPACK_PERSIST_INTERVAL: new entries are read
-with XREADGROUP, REDPACK_PERSIST_BATCH at a time, round-robin over the busy activities, one MySQL
-transaction per batch. `reclaim_grabs` (every REDPACK_PERSIST_RECLAIM_INTERVAL) takes over the
-entries delivered more than REDPACK_PERSIST_RECLAIM_SECONDS ago and never acknowledged (their
-consumer died between reading and XACK) and persists them the same way. `settle` does both for
-one activity, in the caller's process.
+Runs. Celery beat starts the `persist` background task every REDPACK_PERSIST_INTERVAL: new entries
+are read with XREADGROUP, REDPACK_PERSIST_BATCH at a time, round-robin over the busy activities,
+one MySQL transaction per batch. The `reclaim` task (every REDPACK_PERSIST_RECLAIM_INTERVAL) takes
+over the entries delivered more than REDPACK_PERSIST_RECLAIM_SECONDS ago and never acknowledged
+(their consumer died between reading and XACK) and persists them the same way. `settle` does both
+for one activity, in the caller's process.
 
 Idempotent. A batch locks the activity row first, so the activity's writers go one at a time;
 under that lock a user who already has a row is not inserted again (UNIQUE (activity, user) is
@@ -35,45 +21,40 @@ grabs go on being answered meanwhile. Any other database error, or a conflict wi
 packet is not available at that amount, the user holds another packet), fails the batch: its
 entries are then tried one by one, so one bad entry does not hold back the others. An entry
 that fails on its own gets a PersistFailure row (attempts, last error) and a `persist_failed`
-event on the redpack.persist.failures logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead: it
-leaves the stream, and only the admin's "retry" action (retry_failure) brings it to MySQL.
-Until then its activity is not settled, so its sender is not refunded.
+event on the redpack.persist.failures logger; at REDPACK_PERSIST_MAX_ATTEMPTS it is dead (a dead
+letter): it leaves the stream, and only the admin's "retry" action (retry_failure) brings it to
+MySQL. Until then its activity is not settled, so its sender is not refunded.
 """
 
 import logging
-import os
-import socket
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
-from redis.exceptions import ResponseError
 
-from strategies.lua import redis_client, script
-from strategies.redis_state import Keys, mark, parse_mark
-
-from .models import (
+from redpack.models import (
+    UNRESOLVED_FAILURES,
     Activity,
     ActivityStatus,
-    GrabDetail,
     Packet,
     PacketStatus,
     PersistFailure,
     PersistFailureStatus,
 )
-from .money import from_cents, minus, to_cents
+from redpack.money import from_cents, to_cents
+
+from .. import registry
+from ..redis_state.keys import mark
+from ..steps import GrabRow, held_marks, insert_grab_rows, take_from_surplus
+from . import stream
+from .stream import Entry
 
 logger = logging.getLogger(__name__)
 failure_log = logging.getLogger("redpack.persist.failures")
 
-GROUP = "persisters"
-INDEX_KEY = "rp:async:activities"
 UNAVAILABLE = (OperationalError, InterfaceError)
-UNRESOLVED = [PersistFailureStatus.RETRYING, PersistFailureStatus.DEAD]
 SETTLE_POLL_SECONDS = 0.05
 
 
@@ -89,93 +70,11 @@ class ActivityGone(Exception):
     """The activity's row was deleted (the lab's ceiling runs do): its grabs have nowhere to go."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One grab in a persist stream."""
-
-    entry_id: str
-    user_id: int
-    mark: str  # "cents:packet_id"
-
-    @classmethod
-    def parse(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> "Entry":
-        text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        return cls(text, int(fields[b"user"]), fields[b"mark"].decode())
-
-    @property
-    def cents(self) -> int:
-        return parse_mark(self.mark)[0]
-
-    @property
-    def packet_id(self) -> int | None:
-        return parse_mark(self.mark)[1]
-
-
-def _id_ms(entry_id: bytes) -> int:
-    """When the grab happened: a stream id starts with Redis's clock in milliseconds."""
-    return int(entry_id.partition(b"-")[0])
-
-
-def _redis() -> Any:
-    """The packet state's Redis (or Cluster). redis-py annotates each command as sync-or-async;
-    this client is sync."""
-    return redis_client()
-
-
-def consumer() -> str:
-    """This process's name in the consumer group; its unacknowledged entries carry it."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# --- the index of asynchronous activities -------------------------------------------------
-
-
-def register(activity_id: int) -> None:
-    _redis().sadd(INDEX_KEY, activity_id)
-
-
-def registered() -> list[int]:
-    return sorted(int(member) for member in _redis().smembers(INDEX_KEY))
-
-
-def _backlog(activity_ids: list[int]) -> dict[int, int]:
-    """Grabs waiting in each activity's stream (pending or not yet delivered), in one pipeline."""
-    pipe = _redis().pipeline(transaction=False)
-    for activity_id in activity_ids:
-        pipe.xlen(Keys(activity_id).persist)
-    return dict(zip(activity_ids, pipe.execute(), strict=True))
-
-
-def _retire_finished(activity_ids: list[int]) -> None:
-    """Drop from the index the activities no grab can come to any more and nothing waits for.
-
-    The status is read before the length: once closed (or gone) an activity stays so, and an
-    empty stream of a closed activity stays empty.
-    """
-    client = _redis()
-    pipe = client.pipeline(transaction=False)
-    for activity_id in activity_ids:
-        keys = Keys(activity_id)
-        pipe.hget(keys.meta, "status")
-        pipe.xlen(keys.persist)
-    replies = pipe.execute()
-    finished = [
-        activity_id
-        for activity_id, status, waiting in zip(
-            activity_ids, replies[::2], replies[1::2], strict=True
-        )
-        if status != b"open" and waiting == 0
-    ]
-    if finished:
-        client.srem(INDEX_KEY, *finished)
-
-
 def asynchronous_strategies() -> list[str]:
-    """The configured strategies whose grabs this module persists."""
-    from strategies import registry
-    from strategies.redis_queue_async import RedisQueueAsyncStrategy  # it imports this module
-
-    return [n for n in registry.names() if isinstance(registry.get(n), RedisQueueAsyncStrategy)]
+    """The configured strategies whose grabs this module persists: those that run its task."""
+    return [
+        n for n in registry.names() if persist_run in registry.get(n).background_tasks().values()
+    ]
 
 
 def _register_open_activities() -> None:
@@ -186,92 +85,7 @@ def _register_open_activities() -> None:
         ).values_list("pk", flat=True)
     )
     if open_ids:
-        _redis().sadd(INDEX_KEY, *open_ids)
-
-
-# --- reading the streams ------------------------------------------------------------------
-
-
-def _ensure_group(stream: str) -> bool:
-    """Create the consumer group (from the stream's start: nothing is skipped); False when the
-    stream does not exist, so there is nothing to read."""
-    try:
-        _redis().xgroup_create(stream, GROUP, id="0")
-    except ResponseError as exc:
-        return "BUSYGROUP" in str(exc)
-    return True
-
-
-def _read_new(activity_id: int, count: int) -> list[Entry]:
-    """Entries never delivered to any consumer; they are this process's to acknowledge now."""
-    stream = Keys(activity_id).persist
-    for _ in range(2):
-        try:
-            reply = _redis().xreadgroup(GROUP, consumer(), {stream: ">"}, count=count)
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            if not _ensure_group(stream):
-                return []
-            continue
-        return [Entry.parse(i, fields) for _, entries in reply or [] for i, fields in entries]
-    return []
-
-
-def _claim_stale(
-    activity_id: int, *, min_idle_ms: int, start: str, count: int
-) -> tuple[str, list[Entry]]:
-    """Take over entries delivered more than min_idle_ms ago and never acknowledged."""
-    try:
-        reply = _redis().xautoclaim(
-            Keys(activity_id).persist,
-            GROUP,
-            consumer(),
-            min_idle_time=min_idle_ms,
-            start_id=start,
-            count=count,
-        )
-    except ResponseError as exc:
-        if "NOGROUP" in str(exc):
-            return "0-0", []
-        raise
-    cursor, claimed = reply[0], reply[1]
-    cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
-    # Redis 6.2 lists an entry deleted meanwhile as nil; 7 drops it from the pending list.
-    return cursor, [Entry.parse(i, fields) for i, fields in claimed if fields]
-
-
-def _hand_back(activity_id: int, entry_ids: list[str]) -> None:
-    """Entries this process could not persist (MySQL away) are marked idle long enough for the
-    next reclaim run to take them, rather than after REDPACK_PERSIST_RECLAIM_SECONDS."""
-    _redis().xclaim(
-        Keys(activity_id).persist,
-        GROUP,
-        consumer(),
-        min_idle_time=0,
-        message_ids=entry_ids,
-        idle=int(settings.REDPACK_PERSIST_RECLAIM_SECONDS * 1000),
-        justid=True,
-    )
-
-
-def _acknowledge(activity_id: int, entry_ids: list[str]) -> None:
-    keys = Keys(activity_id)
-    for start in range(0, len(entry_ids), 1000):  # Lua's unpack() has a bounded stack
-        script("persisted")(
-            keys=[keys.meta, keys.persist], args=[GROUP, *entry_ids[start : start + 1000]]
-        )
-
-
-# --- writing MySQL ------------------------------------------------------------------------
-
-
-def _fault_pause(point: str) -> None:
-    """Fault tests only (REDPACK_PERSIST_FAULT_PAUSE): sleep here so the test can kill us."""
-    where, _, seconds = settings.REDPACK_PERSIST_FAULT_PAUSE.partition(":")
-    if where == point:
-        logger.warning("persist: fault pause %s for %s s (pid %s)", point, seconds, os.getpid())
-        time.sleep(float(seconds))
+        stream.register(*open_ids)
 
 
 def _store(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
@@ -296,17 +110,16 @@ def _store(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
                 entry_id__in=[e.entry_id for e in entries],
                 status=PersistFailureStatus.RETRYING,
             ).update(status=PersistFailureStatus.RESOLVED, resolved_at=timezone.now())
-        _fault_pause("before_commit")
     return len(fresh)
 
 
 def _not_yet_recorded(activity_id: int, entries: list[Entry]) -> list[Entry]:
     """The entries without a row; an entry whose user holds another packet is a Conflict."""
     held = {
-        user_id: mark(to_cents(amount), packet_id)
-        for user_id, amount, packet_id in GrabDetail.objects.filter(
-            activity_id=activity_id, user_id__in={e.user_id for e in entries}
-        ).values_list("user_id", "amount", "redpack_id")
+        user_id: mark(row.cents, row.packet_id)
+        for user_id, row in held_marks(
+            activity_id=activity_id, user_ids={e.user_id for e in entries}
+        ).items()
     }
     fresh: dict[int, Entry] = {}
     for entry in entries:
@@ -341,25 +154,14 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
             raise Conflict(
                 f"packet {entry.packet_id} is not available at {from_cents(entry.cents)} in MySQL"
             )
-    GrabDetail.objects.bulk_create(
-        [
-            GrabDetail(
-                activity_id=activity_id,
-                user_id=e.user_id,
-                amount=from_cents(e.cents),
-                redpack_id=e.packet_id,
-            )
-            for e in fresh
-        ]
+    take_from_surplus(activity_id=activity_id, count=len(fresh), cents=sum(e.cents for e in fresh))
+    insert_grab_rows(
+        activity_id=activity_id,
+        rows=[GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh],
     )
     Packet.objects.filter(pk__in=list(by_packet)).update(
         status=PacketStatus.TAKEN,
         grabbed_by_id=Case(*[When(pk=e.packet_id, then=Value(e.user_id)) for e in fresh]),
-        version=F("version") + 1,
-    )
-    Activity.objects.filter(pk=activity_id).update(
-        surplus_count=F("surplus_count") - len(fresh),
-        surplus_amount=minus("surplus_amount", sum(e.cents for e in fresh)),
         version=F("version") + 1,
     )
 
@@ -368,7 +170,7 @@ def _persist_batch(activity_id: int, entries: list[Entry], *, redelivered: bool)
     try:
         return _persist(activity_id, entries, redelivered=redelivered)
     except DatabaseUnavailable:
-        _hand_back(activity_id, [e.entry_id for e in entries])
+        stream.hand_back(activity_id, [e.entry_id for e in entries])
         raise
 
 
@@ -381,14 +183,13 @@ def _persist(activity_id: int, entries: list[Entry], *, redelivered: bool) -> in
         raise DatabaseUnavailable(str(exc)) from exc
     except ActivityGone:
         logger.error("persist: activity %s is not in MySQL; it leaves the index", activity_id)
-        _redis().srem(INDEX_KEY, activity_id)
+        stream.unregister(activity_id)
         return 0
     except (DatabaseError, Conflict) as exc:
         if len(entries) > 1:  # find the bad ones: each entry on its own
             return sum(_persist(activity_id, [e], redelivered=redelivered) for e in entries)
         return _failed(activity_id, entries[0], exc)
-    _fault_pause("before_ack")
-    _acknowledge(activity_id, [e.entry_id for e in entries])
+    stream.acknowledge(activity_id, [e.entry_id for e in entries])
     return len(entries)
 
 
@@ -432,7 +233,7 @@ def _failed(activity_id: int, entry: Entry, error: Exception) -> int:
         },
     )
     if failure.status == PersistFailureStatus.DEAD:
-        _acknowledge(activity_id, [entry.entry_id])
+        stream.acknowledge(activity_id, [entry.entry_id])
         return 1
     return 0
 
@@ -444,7 +245,7 @@ def _reclaim(activity_id: int, *, min_idle_ms: int, until: float) -> int:
     """One pass over the activity's pending entries, persisting those left too long."""
     moved, cursor = 0, "0-0"
     while time.monotonic() < until:
-        cursor, entries = _claim_stale(
+        cursor, entries = stream.claim_stale(
             activity_id, min_idle_ms=min_idle_ms, start=cursor, count=settings.REDPACK_PERSIST_BATCH
         )
         if entries:
@@ -456,7 +257,7 @@ def _reclaim(activity_id: int, *, min_idle_ms: int, until: float) -> int:
 
 def _persist_next_batch(activity_id: int) -> int:
     """Read and persist one batch of new entries; how many were read (0: none left)."""
-    entries = _read_new(activity_id, settings.REDPACK_PERSIST_BATCH)
+    entries = stream.read_new(activity_id, settings.REDPACK_PERSIST_BATCH)
     if entries:
         _persist_batch(activity_id, entries, redelivered=False)
     return len(entries)
@@ -467,7 +268,7 @@ def persist_all(*, run_seconds: float) -> int:
     until = time.monotonic() + run_seconds
     read = 0
     try:
-        busy = [a for a, waiting in _backlog(registered()).items() if waiting]
+        busy = [a for a, waiting in stream.backlog(stream.registered()).items() if waiting]
         while busy and time.monotonic() < until:
             still_busy = []
             for activity_id in busy:
@@ -486,13 +287,13 @@ def reclaim_all(*, min_idle_seconds: float, run_seconds: float) -> int:
     moved = 0
     try:
         _register_open_activities()
-        activity_ids = registered()
-        for activity_id, waiting_grabs in _backlog(activity_ids).items():
+        activity_ids = stream.registered()
+        for activity_id, waiting_grabs in stream.backlog(activity_ids).items():
             if waiting_grabs:
                 moved += _reclaim(
                     activity_id, min_idle_ms=int(min_idle_seconds * 1000), until=until
                 )
-        _retire_finished(activity_ids)
+        stream.retire_finished(activity_ids)
     except UNAVAILABLE as exc:
         connection.close()
         logger.warning("reclaim: MySQL unavailable, grabs wait in Redis: %s", exc)
@@ -514,7 +315,7 @@ def drain(activity_id: int, *, until: float) -> int:
 
 def settled(activity_id: int) -> bool:
     """Every acknowledged grab of the activity is in MySQL."""
-    return waiting(activity_id) == 0 and not dead_letters(activity_id)
+    return stream.waiting(activity_id) == 0 and not dead_letters(activity_id)
 
 
 def settle(activity_id: int, *, timeout: float) -> bool:
@@ -523,7 +324,7 @@ def settle(activity_id: int, *, timeout: float) -> bool:
     while True:
         try:
             drain(activity_id, until=give_up)
-            if waiting(activity_id) == 0:
+            if stream.waiting(activity_id) == 0:
                 # Dead letters wait for a person: no use waiting out the timeout for them.
                 return not dead_letters(activity_id)
         except DatabaseUnavailable:
@@ -571,33 +372,25 @@ def retry_failure(failure_id: int) -> str | None:
     return None
 
 
-# --- lag ----------------------------------------------------------------------------------
+# --- the background tasks (Celery beat, redpack/tasks.py) ----------------------------------
 
 
-def waiting(activity_id: int) -> int:
-    """Grabs of the activity not yet in MySQL (dead letters aside)."""
-    return int(_redis().xlen(Keys(activity_id).persist))
+def persist_run() -> int:
+    """`persist`: move new grabs of every busy activity to MySQL."""
+    return persist_all(run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS)
+
+
+def reclaim_run() -> int:
+    """`reclaim`: persist grabs a dead consumer left pending."""
+    return reclaim_all(
+        min_idle_seconds=settings.REDPACK_PERSIST_RECLAIM_SECONDS,
+        run_seconds=settings.REDPACK_PERSIST_RUN_SECONDS,
+    )
 
 
 def dead_letters(activity_id: int | None = None) -> int:
     """Failed grabs not yet in MySQL (retrying or dead), of one activity or all."""
-    failures = PersistFailure.objects.filter(status__in=UNRESOLVED)
+    failures = PersistFailure.objects.filter(status__in=UNRESOLVED_FAILURES)
     if activity_id is not None:
         failures = failures.filter(activity_id=activity_id)
     return failures.count()
-
-
-def lag() -> dict[str, int | float]:
-    """Grabs answered but not yet in MySQL, and the age of the oldest, from Redis alone (it
-    answers while MySQL does not). Ages use this machine's clock against Redis's ids."""
-    activity_ids = registered()
-    pipe = _redis().pipeline(transaction=False)
-    for activity_id in activity_ids:
-        stream = Keys(activity_id).persist
-        pipe.xlen(stream)
-        pipe.xrange(stream, count=1)
-    replies = pipe.execute()
-    pending = sum(replies[::2])
-    oldest = [_id_ms(first[0][0]) for first in replies[1::2] if first]
-    age = max(0.0, time.time() - min(oldest) / 1000) if oldest else 0.0
-    return {"pending": pending, "oldest_age_seconds": round(age, 3)}

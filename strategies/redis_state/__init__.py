@@ -1,0 +1,166 @@
+"""What the Redis strategies share: a grab is decided by one Lua script in Redis, then written
+to MySQL before the answer.
+
+MySQL is the source of truth: a grab is answered `grabbed` only once its MySQL transaction
+committed, so the Redis state can always be rebuilt from MySQL (rebuild.py, on send and
+by `manage.py redis_rebuild`), and the auditor can name every difference between the two
+(`audit`). (redis_queue_async answers first and writes later: for it, MySQL plus the grabs
+still in its persist stream are the truth; see its `recorded`.) Every key expires
+REDPACK_REDIS_STATE_GRACE seconds after the activity does (sooner once closed); without its
+state, a grab answers from the activity row: `closed`, or `contended` while an open activity
+waits for a rebuild.
+
+- keys.py: key names (one hash tag per activity), marks, running a grab script.
+- rebuild.py: MySQL's side of the state, and writing it to Redis.
+- rows.py: the MySQL write of a grab Redis decided, and giving Redis back on failure.
+- audit.py: Redis against MySQL, difference by difference.
+"""
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from redpack.models import Activity, ActivityStatus
+
+from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
+from ..lua import redis_client, script
+from ..steps import close_row_locked
+from .audit import Snapshot, capped, differences
+from .rebuild import Recorded, install
+from .rows import write_grab
+from .keys import Keys, now_ms, parse_mark, run_grab
+
+logger = logging.getLogger(__name__)
+
+CLOSE_SETTLE_SECONDS = 5.0  # how long close() waits for grabs still writing MySQL
+
+
+class RedisStateStrategy(GrabStrategy):
+    """A grab is decided by one Lua script in Redis, then written to MySQL before the answer."""
+
+    rebuildable = True
+
+    def state_keys(self, activity_id: int) -> list[str]:
+        """The KEYS every script of this strategy gets."""
+        return Keys(activity_id).ordered()
+
+    def prepare(self, activity: Activity) -> None:
+        """Write the Redis state once the send commits; prepare() runs inside that transaction."""
+        redis_client().ping()  # Redis away: fail the send now rather than every grab later
+        activity_id = activity.pk
+
+        def install() -> None:
+            try:
+                self.install(activity_id)
+            except RedisError:
+                logger.exception(
+                    "activity %s: Redis state not written, grabs answer contended until "
+                    "`manage.py redis_rebuild --activity %s`",
+                    activity_id,
+                    activity_id,
+                )
+
+        transaction.on_commit(install)
+
+    def install(self, activity_id: int) -> bool:
+        """(Re)write the activity's Redis state from MySQL (rebuild.py)."""
+        return install(activity_id, self.state_keys(activity_id))
+
+    def rebuild(self, *, activity_id: int) -> None:
+        self.install(activity_id)
+
+    def run_grab(
+        self, name: str, activity_id: int, user_id: int, *extra: int
+    ) -> tuple[str, str | None, str | None]:
+        """Run a grab script: (outcome, mark, epoch of the state it ran on)."""
+        return run_grab(name, self.state_keys(activity_id), user_id, *extra)
+
+    def answer(self, outcome: str, activity_id: int, mark_text: str | None) -> GrabResult:
+        """The answer for a grab script's refusal."""
+        if outcome == "already_grabbed":
+            assert mark_text is not None
+            return GrabResult(Outcome.ALREADY_GRABBED, parse_mark(mark_text)[0])
+        if outcome == "missing":
+            return self.without_state(activity_id)
+        return GrabResult(Outcome(outcome))
+
+    def without_state(self, activity_id: int) -> GrabResult:
+        row = Activity.objects.filter(pk=activity_id).values_list("status", "expires_at").first()
+        if row is None or row[0] != ActivityStatus.OPEN or row[1] <= timezone.now():
+            return GrabResult(Outcome.CLOSED)
+        logger.error(
+            "activity %s is open but Redis holds no state for it: "
+            "run `manage.py redis_rebuild --activity %s`",
+            activity_id,
+            activity_id,
+        )
+        return GrabResult(Outcome.CONTENDED)
+
+    def record(self, activity_id: int, user_id: int, mark_text: str, epoch: str) -> GrabResult:
+        """Write the grab Redis decided to MySQL before answering (rows.py)."""
+        return write_grab(
+            activity_id=activity_id, user_id=user_id, mark_text=mark_text, epoch=epoch
+        )
+
+    def close(self, *, activity_id: int) -> CloseResult:
+        """Close in Redis (grabs answer `closed` from then on), then in MySQL.
+
+        Grabs that won in Redis just before may still be writing MySQL (or giving back): what is
+        left is known once Redis and MySQL agree on it, when the last of those writes is done.
+        """
+        keys = Keys(activity_id).ordered()
+        give_up = time.monotonic() + CLOSE_SETTLE_SECONDS
+        while True:
+            in_redis = script("close")(
+                keys=keys, args=[now_ms(), settings.REDPACK_REDIS_STATE_GRACE * 1000]
+            )
+            with transaction.atomic():
+                left = close_row_locked(activity_id=activity_id)
+            if in_redis is None or CloseResult(*in_redis) == left:
+                return left
+            if time.monotonic() >= give_up:
+                logger.warning(
+                    "activity %s closed with %s left in MySQL but %s in Redis; MySQL is the record",
+                    activity_id,
+                    left,
+                    in_redis,
+                )
+                return left
+            time.sleep(0.01)
+
+    def audit(self, activity: Activity) -> list[str]:
+        """Every difference between the activity's Redis state and MySQL."""
+        keys = self.state_keys(activity.pk)
+        try:
+            state = Snapshot.read(keys)
+        except RedisError as exc:
+            return [f"cannot read the Redis state: {exc}"]
+        if not state.meta:
+            grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
+            if (
+                activity.status == ActivityStatus.OPEN
+                and timezone.now() < activity.expires_at + grace
+            ):
+                return [f"Redis holds no state for open activity {activity.pk}"]
+            return []  # expired with its activity, or lost after the close: MySQL is the record
+        found = differences(
+            self.recorded(activity, state),
+            state,
+            mysql_status=activity.status,
+            refunded=activity.status == ActivityStatus.REFUNDED,
+        )
+        return capped(found + self.ttl_differences(keys, state))
+
+    def recorded(self, activity: Activity, state: Snapshot) -> Recorded:
+        """What MySQL holds for the activity, which Redis must match."""
+        return Recorded.read(activity)
+
+    def ttl_differences(self, keys: list[str], state: Snapshot) -> list[str]:
+        return [
+            f"{key} never expires" for key, ttl in zip(keys, state.ttls, strict=True) if ttl == -1
+        ]

@@ -1,0 +1,227 @@
+"""The grab steps every strategy shares, each written once: refuse, look up, record, close.
+
+- `refusal`: the contract's order of answers for a loaded activity row (closed, then
+  already_grabbed, then sold_out).
+- `held_cents` / `held_marks`: what a user already grabbed (the dedupe lookup).
+- `after_duplicate`: the answer once UNIQUE (activity, user) or the user's foreign key refused a
+  grab row: the first grab's amount, or 403 for a user that does not exist.
+- `take_from_surplus` + `insert_grab_rows` (`record_grab` for one): the surplus decrement and the
+  grab rows, in the lock order below.
+- `claim_packet`, `split_into_packets`: the pre-split packets (t_redpack).
+- `close_row_locked`: stop grabs under the activity's row lock and report what is left.
+
+Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
+activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
+(activity_id, status) of the packets: inserting a detail, or changing a packet's status, takes
+a shared lock on the activity row. Two grabs that each hold it shared and then both want to
+update the row deadlock. So every writer takes the activity row exclusively (its decrement,
+or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's status.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection
+from django.db.models import F
+from django.utils import timezone
+
+from redpack import allocation
+from redpack.errors import Forbidden
+from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
+from redpack.money import from_cents, minus, to_cents
+
+from .base import CloseResult, GrabResult, Outcome
+
+
+@dataclass(frozen=True)
+class GrabRow:
+    """One row of t_redpack_detail about to be written."""
+
+    user_id: int
+    cents: int
+    packet_id: int | None = None
+
+
+def refusal(activity: Activity, *, user_id: int | None) -> GrabResult | None:
+    """The answer when a loaded activity row cannot give this user a packet, else None.
+
+    `user_id` None skips the dedupe lookup (the caller knows the user holds nothing). Call it
+    under the same protection as the decrement, so a grab never lands after close.
+    """
+    if activity.status != ActivityStatus.OPEN or activity.expires_at <= timezone.now():
+        return GrabResult(Outcome.CLOSED)
+    if user_id is not None:
+        cents = held_cents(activity_id=activity.pk, user_id=user_id)
+        if cents is not None:
+            return GrabResult(Outcome.ALREADY_GRABBED, cents)
+    if activity.surplus_count <= 0:
+        return GrabResult(Outcome.SOLD_OUT)
+    return None
+
+
+def held_cents(*, activity_id: int, user_id: int) -> int | None:
+    """What this user already grabbed from the activity, if anything."""
+    amount = (
+        GrabDetail.objects.filter(activity_id=activity_id, user_id=user_id)
+        .values_list("amount", flat=True)
+        .first()
+    )
+    return None if amount is None else to_cents(amount)
+
+
+def held_marks(*, activity_id: int, user_ids: Iterable[int] | None = None) -> dict[int, GrabRow]:
+    """The grab rows MySQL holds for these users of the activity (every user when None)."""
+    rows = GrabDetail.objects.filter(activity_id=activity_id)
+    if user_ids is not None:
+        rows = rows.filter(user_id__in=set(user_ids))
+    return {
+        user_id: GrabRow(user_id, to_cents(amount), packet_id)
+        for user_id, amount, packet_id in rows.values_list("user_id", "amount", "redpack_id")
+    }
+
+
+def after_duplicate(*, activity_id: int, user_id: int, error: IntegrityError) -> GrabResult:
+    """The answer once inserting this user's grab row hit a constraint (its transaction rolled
+    back): UNIQUE (activity, user) refused a second row, so the first one's amount; or the user
+    itself does not exist (a signed token outliving its user), refused with 403 rather than
+    answered as a grab. Any other constraint is a real error and propagates."""
+    cents = held_cents(activity_id=activity_id, user_id=user_id)
+    if cents is not None:
+        return GrabResult(Outcome.ALREADY_GRABBED, cents)
+    if not get_user_model().objects.filter(pk=user_id).exists():
+        raise Forbidden(f"user {user_id} does not exist") from error
+    raise error
+
+
+def record_grab(
+    *,
+    activity_id: int,
+    user_id: int,
+    cents: int,
+    version: int | None = None,
+    open_only: bool = False,
+    redpack_id: int | None = None,
+) -> bool:
+    """Take `cents` and one packet from the surplus, then insert the detail row (in that order,
+    see the module docstring).
+
+    Call it inside a transaction. The decrement is a conditional UPDATE: `version` fences it
+    against any other write since the caller read the row; `open_only` refuses it once the
+    activity is closed or expired. False when the condition failed and nothing was written by
+    this call. IntegrityError from the insert means this user already holds a packet; the
+    caller's transaction must roll back the decrement with it.
+    """
+    taken = take_from_surplus(
+        activity_id=activity_id, count=1, cents=cents, version=version, open_only=open_only
+    )
+    if not taken:
+        return False
+    insert_grab_rows(activity_id=activity_id, rows=[GrabRow(user_id, cents, redpack_id)])
+    return True
+
+
+def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
+    """The detail rows of grabs whose surplus is taken (or taken in the same transaction, after
+    the activity row was locked)."""
+    GrabDetail.objects.bulk_create(
+        [
+            GrabDetail(
+                activity_id=activity_id,
+                user_id=row.user_id,
+                amount=from_cents(row.cents),
+                redpack_id=row.packet_id,
+            )
+            for row in rows
+        ]
+    )
+
+
+def take_from_surplus(
+    *,
+    activity_id: int,
+    count: int,
+    cents: int,
+    version: int | None = None,
+    open_only: bool = False,
+) -> int:
+    """The conditional decrement of `count` packets worth `cents`; on MySQL by primary key,
+    forced. Returns the rows updated (0: the condition failed, nothing written).
+
+    On a small table MySQL's optimizer may run `WHERE id=? AND status='open' AND expires_at > ?`
+    through the (status, expires_at) index and lock that entry before the row; close() rewrites
+    the entry when it flips the status, and the two deadlock (test_close_race.py caught it).
+    Django cannot hint an index, hence the raw statement. Elsewhere (the SQLite fallback) the
+    ORM runs it, with money.minus keeping the DECIMAL exact.
+    """
+    surplus = Activity.objects.filter(pk=activity_id)
+    conditions = ["id = %s"]
+    params: list[Decimal | int | str | None] = [count, from_cents(cents), activity_id]
+    if version is not None:
+        surplus = surplus.filter(version=version)
+        conditions.append("version = %s")
+        params.append(version)
+    if open_only:
+        now = timezone.now()
+        surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=now)
+        conditions.append("status = %s AND expires_at > %s")
+        params += [ActivityStatus.OPEN.value, connection.ops.adapt_datetimefield_value(now)]
+    if connection.vendor != "mysql":
+        return surplus.update(
+            surplus_count=F("surplus_count") - count,
+            surplus_amount=minus("surplus_amount", cents),
+            version=F("version") + 1,
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Activity._meta.db_table} FORCE INDEX (PRIMARY)"
+            " SET surplus_count = surplus_count - %s, surplus_amount = surplus_amount - %s,"
+            f" version = version + 1 WHERE {' AND '.join(conditions)}",
+            params,
+        )
+        return cursor.rowcount
+
+
+def claim_packet(
+    *, packet_id: int, user_id: int, version: int | None = None, cents: int | None = None
+) -> bool:
+    """Mark a pre-split packet taken if it is still available (and, when given, still at
+    `version` since it was read, and worth `cents`).
+
+    Call it only while holding the activity row exclusively (see the module docstring).
+    """
+    packet = Packet.objects.filter(pk=packet_id, status=PacketStatus.AVAILABLE)
+    if version is not None:
+        packet = packet.filter(version=version)
+    if cents is not None:
+        packet = packet.filter(amount=from_cents(cents))
+    return bool(
+        packet.update(status=PacketStatus.TAKEN, grabbed_by_id=user_id, version=F("version") + 1)
+    )
+
+
+def close_row_locked(*, activity_id: int) -> CloseResult:
+    """Close under the activity's row lock; idempotent. Call it inside a transaction.
+
+    A grab that already decremented holds the row lock until it commits, so the remainder read
+    here includes it; a grab that has not yet decremented waits for this one to commit and then
+    finds the activity closed (or its version moved).
+    """
+    activity = Activity.objects.select_for_update().get(pk=activity_id)
+    if activity.status == ActivityStatus.OPEN:
+        Activity.objects.filter(pk=activity_id).update(
+            status=ActivityStatus.CLOSED, version=F("version") + 1
+        )
+    return CloseResult(activity.surplus_count, to_cents(activity.surplus_amount))
+
+
+def split_into_packets(activity: Activity) -> None:
+    """Cut the activity into its packets at send time (t_redpack), for pre-allocating strategies."""
+    amounts = allocation.split(
+        activity.allocation, to_cents(activity.total_amount), activity.total_count
+    )
+    Packet.objects.bulk_create(
+        [Packet(activity=activity, amount=from_cents(cents)) for cents in amounts],
+        batch_size=1000,
+    )
