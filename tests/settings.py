@@ -13,6 +13,6 @@ CACHES["default"]["LOCATION"] = TEST_REDIS_URL
 CELERY_BROKER_URL = env.str("TEST_CELERY_BROKER_URL", default="redis://127.0.0.1:6379/14")
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
 WHITENOISE_AUTOREFRESH = True  # no collectstatic before tests
-# Throttling is tested on its own (tests/test_hostile.py); elsewhere it would only add noise.
+# Throttling is tested on its own (tests/api/test_hostile.py); elsewhere it would only add noise.
 REDPACK_THROTTLE_RATES = {"grab": None, "send": None}
-REDPACK_REDIS_CLUSTER_URL = ""  # tests/test_redis_cluster.py starts its own cluster
+REDPACK_REDIS_CLUSTER_URL = ""  # tests/strategies/test_redis_cluster.py starts its own cluster

@@ -9,8 +9,7 @@ from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack.models import Activity, GrabDetail
 from strategies import registry
-
-from .dummy_strategies import DUMMIES
+from tests.dummy_strategies import DUMMIES
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,7 @@ from strategies.base import Outcome
 from strategies.lua import redis_client
 from strategies.redis_queue_async import persister, stream
 from strategies.redis_state.keys import Keys
-
-from .contract.harness import check_close_stops_grabs, check_double_clicks, grab_concurrently
+from tests.contract.harness import check_close_stops_grabs, check_double_clicks, grab_concurrently
 
 REDIS_STRATEGIES = ["redis_queue", "redis_counter", "redis_queue_async"]
 MASTERS = 3

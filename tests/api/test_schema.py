@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from rest_framework_simplejwt.tokens import AccessToken
 
-from .servers import gunicorn
+from tests.servers import gunicorn
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,7 @@ from strategies import registry
 from strategies.base import Outcome
 from strategies.lua import script
 from strategies.redis_state.keys import Keys, now_ms
-
-from .contract.harness import grab_concurrently
+from tests.contract.harness import grab_concurrently
 
 REDIS_STRATEGIES = ["redis_queue", "redis_counter"]
 

@@ -23,8 +23,7 @@ from strategies import registry
 from strategies.base import Outcome
 from strategies.redis_queue_async import persister, stream
 from strategies.redis_state.keys import Keys
-
-from .contract.harness import grab_concurrently
+from tests.contract.harness import grab_concurrently
 
 pytestmark = pytest.mark.django_db(transaction=True)
 STRATEGY = "redis_queue_async"

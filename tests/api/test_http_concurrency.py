@@ -13,8 +13,7 @@ from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry
-
-from .servers import gunicorn
+from tests.servers import gunicorn
 
 USERS = 200
 PACKETS = 50

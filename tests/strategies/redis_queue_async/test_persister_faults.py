@@ -25,9 +25,8 @@ from redpack.money import to_cents
 from strategies.base import Outcome
 from strategies.redis_queue_async import stream
 from strategies.redis_state.keys import Keys
-
-from . import servers
-from .servers import free_port
+from tests import servers
+from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
