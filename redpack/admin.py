@@ -9,7 +9,7 @@ from django.urls import path
 
 from strategies import registry
 
-from . import expiry, services
+from . import expiry, selectors, services, validation
 from .allocation import Allocation
 from .errors import RedpackError
 from .models import (
@@ -25,7 +25,8 @@ REPORTS = settings.BASE_DIR / "reports"
 
 
 class ActivitySendForm(forms.ModelForm):
-    """Creation goes through services.activity_send, like the API, so packets get prepared."""
+    """Creation goes through services.activity_send, like the API, so packets get prepared;
+    the form checks with the same validator (validation.activity_send_validate)."""
 
     expires_in = forms.IntegerField()  # bounds from settings, set per form in __init__
 
@@ -35,23 +36,18 @@ class ActivitySendForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
+        limits = validation.send_limits()
         self.fields["strategy"] = forms.ChoiceField(
-            choices=[
-                (n, f"{n} — {registry.get(n).label}")
-                for n in registry.names()
-                if registry.allowed(n)
-            ]
+            choices=[(n, f"{n} — {registry.get(n).label}") for n in limits.strategies]
         )
         self.fields["allocation"] = forms.ChoiceField(
-            choices=[(a.value, a.value) for a in Allocation], initial=Allocation.DOUBLE_AVERAGE
+            choices=[(a, a) for a in limits.allocations], initial=Allocation.DOUBLE_AVERAGE
         )
-        self.fields["total_count"] = forms.IntegerField(
-            min_value=1, max_value=settings.REDPACK_MAX_COUNT
-        )
+        self.fields["total_count"] = forms.IntegerField(min_value=1, max_value=limits.max_count)
         self.fields["expires_in"] = forms.IntegerField(
-            initial=86400,
-            min_value=settings.REDPACK_MIN_EXPIRES_IN,
-            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            initial=validation.DEFAULT_EXPIRES_IN,
+            min_value=limits.min_expires_in,
+            max_value=limits.max_expires_in,
             help_text="Seconds until the activity expires.",
         )
 
@@ -59,7 +55,7 @@ class ActivitySendForm(forms.ModelForm):
         data = super().clean() or {}
         if not self.errors:
             try:
-                services.activity_send_validate(
+                validation.activity_send_validate(
                     total_amount=data["total_amount"],
                     total_count=data["total_count"],
                     strategy=data["strategy"],
@@ -137,7 +133,7 @@ class ActivityAdmin(admin.ModelAdmin):
         refunded = 0
         for activity in queryset.exclude(status="refunded"):
             try:
-                expiry.refund(activity_id=activity.pk, force=True)
+                services.activity_expire(activity_id=activity.pk, force=True)
                 refunded += 1
             except expiry.NotSettled as exc:
                 self.message_user(request, str(exc), messages.WARNING)
@@ -151,7 +147,7 @@ class ActivityAdmin(admin.ModelAdmin):
 
     @admin.display(description="grabbed / total")
     def progress(self, activity: Activity) -> str:
-        return f"{activity.total_count - activity.surplus_count} / {activity.total_count}"
+        return f"{selectors.activity_grabbed_count(activity)} / {activity.total_count}"
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:

@@ -5,7 +5,7 @@ from django.conf import settings
 
 from strategies import registry
 
-from . import expiry, health
+from . import expiry, health, services
 
 
 @shared_task(ignore_result=True)
@@ -30,7 +30,7 @@ def expire_due() -> int:
     max_retries=20,
 )
 def refund_activity(activity_id: int) -> None:
-    expiry.refund(activity_id=activity_id)
+    services.activity_expire(activity_id=activity_id)
 
 
 @shared_task(ignore_result=True)

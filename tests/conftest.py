@@ -9,7 +9,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import services
+from redpack import selectors
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -31,7 +31,7 @@ def real_services(django_db_setup, django_db_blocker) -> None:  # type: ignore[n
 def clean_redis() -> Iterator[None]:
     """Each test starts from an empty test Redis database (ids are reused between tests)."""
     get_redis_connection("default").flushdb()
-    services._strategy_of.cache_clear()
+    selectors.activity_strategy.cache_clear()
     yield
 
 

@@ -52,7 +52,7 @@ def test_admin_list_shows_progress_and_filters(staff_client, make_users):
     activity = services.activity_send(
         sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
     )
-    services.grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
+    services.activity_grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
     page = staff_client.get("/admin/redpack/activity/?strategy=pessimistic&status=open")
     assert page.status_code == 200
     assert "1 / 3" in page.content.decode()

@@ -20,7 +20,7 @@ def grabbed_activity(sender, make_users):  # type: ignore[no-untyped-def]
         sender_id=sender.pk, total_amount=Decimal("5.00"), total_count=5, strategy="pessimistic"
     )
     for user in make_users(3):
-        services.grab(activity_id=activity.pk, user_id=user.pk)
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     activity.refresh_from_db()
     return activity
 

@@ -52,7 +52,7 @@ def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
     def grabber(user_id: int) -> None:
         try:
             while not stop.is_set():
-                result = services.grab(activity_id=activity.pk, user_id=user_id)
+                result = services.activity_grab(activity_id=activity.pk, user_id=user_id)
                 with lock:
                     answers.append((user_id, result.outcome))
                 if result.outcome in {Outcome.CLOSED, Outcome.SOLD_OUT}:
@@ -72,7 +72,7 @@ def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
         thread.join(timeout=60)
     refund = assert_refunded_once(activity.pk)
     assert outcome.refunded_now and outcome.count == refund.count
-    late = services.grab(activity_id=activity.pk, user_id=users[-1].pk)
+    late = services.activity_grab(activity_id=activity.pk, user_id=users[-1].pk)
     assert late.outcome in {Outcome.CLOSED, Outcome.ALREADY_GRABBED}
     if late.outcome is Outcome.ALREADY_GRABBED:  # the refund closed it: no new grab since
         assert GrabDetail.objects.filter(activity=activity, user=users[-1]).exists()
@@ -81,7 +81,7 @@ def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
 def test_refund_runs_twice_concurrently_but_pays_once(safe_strategy, sender, make_users):
     activity = send(sender, safe_strategy, count=10, expires_in=1)
     for user in make_users(4):
-        services.grab(activity_id=activity.pk, user_id=user.pk)
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     time.sleep(1.1)
     results = []
 
@@ -158,14 +158,14 @@ def test_refund_before_expiry_needs_force(sender, make_users):
         expiry.refund(activity_id=activity.pk)
     expiry.refund(activity_id=activity.pk, force=True)
     assert_refunded_once(activity.pk)
-    late = services.grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
+    late = services.activity_grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
     assert late.outcome is Outcome.CLOSED
 
 
 def test_celery_worker_and_beat_refund_expired_activities(sender, make_users, tmp_path):
     """The real processes: `celery -A redpack worker -B` picks expired activities up."""
     activities = [send(sender, "pessimistic", count=4, expires_in=1) for _ in range(5)]
-    services.grab(activity_id=activities[0].pk, user_id=make_users(1)[0].pk)
+    services.activity_grab(activity_id=activities[0].pk, user_id=make_users(1)[0].pk)
     with celery_worker(tmp_path / "beat-schedule"):
         deadline = time.monotonic() + 60
         while Refund.objects.count() < 5 and time.monotonic() < deadline:

@@ -75,11 +75,11 @@ def test_grab_events(dummies, sender, caplog):  # type: ignore[no-untyped-def]
         activity_of(name, sender) for name in ("contended", "broken", "lock_timeout")
     )
     caplog.clear()
-    assert services.grab(activity_id=contended, user_id=5).outcome is Outcome.CONTENDED
+    assert services.activity_grab(activity_id=contended, user_id=5).outcome is Outcome.CONTENDED
     with pytest.raises(RuntimeError):
-        services.grab(activity_id=broken, user_id=5)
+        services.activity_grab(activity_id=broken, user_id=5)
     # A lock wait that gave up rolled everything back: the user is told to retry, not a 500.
-    assert services.grab(activity_id=locked, user_id=5).outcome is Outcome.CONTENDED
+    assert services.activity_grab(activity_id=locked, user_id=5).outcome is Outcome.CONTENDED
     assert events(caplog) == [
         {"event": "grab_contended", "activity": contended, "user": 5},
         {"event": "grab_failed", "activity": broken, "user": 5},

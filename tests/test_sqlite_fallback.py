@@ -48,7 +48,8 @@ for name in names:
         strategy=name, allocation_kind="equal",
     )
     for user in grabbers[:3]:
-        assert services.grab(activity_id=exact.pk, user_id=user.pk).outcome == "grabbed", name
+        answer = services.activity_grab(activity_id=exact.pk, user_id=user.pk)
+        assert answer.outcome == "grabbed", name
 
     contended = services.activity_send(
         sender_id=sender.pk, total_amount=Decimal("10.00"), total_count=10, strategy=name
@@ -59,7 +60,8 @@ for name in names:
     def click(user):
         barrier.wait()
         try:
-            answers.append((user.pk, services.grab(activity_id=contended.pk, user_id=user.pk)))
+            answer = services.activity_grab(activity_id=contended.pk, user_id=user.pk)
+            answers.append((user.pk, answer))
         finally:
             connections.close_all()
 

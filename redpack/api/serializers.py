@@ -2,13 +2,13 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
 from redpack.models import Activity, GrabDetail, Refund
-from strategies import registry
+from redpack.selectors import activity_grabbed_count
+from redpack.validation import DEFAULT_EXPIRES_IN, send_limits
 from strategies.base import Outcome
 
 MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
@@ -46,24 +46,24 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class ActivityCreateSerializer(serializers.Serializer):
+    """The shape of a send; its rules are validation.activity_send_validate's, which the
+    service applies (and whose bounds the fields show)."""
+
     total_amount = MoneyField(help_text="Decimal string, at most two decimals, at least 0.01.")
-    allocation = serializers.ChoiceField(
-        choices=[a.value for a in Allocation], default=Allocation.DOUBLE_AVERAGE.value
-    )
 
     def get_fields(self) -> dict[str, serializers.Field]:
         """Bounds and choices come from settings at request time, so they follow overrides."""
         fields = super().get_fields()
-        fields["total_count"] = StrictIntegerField(
-            min_value=1, max_value=settings.REDPACK_MAX_COUNT
-        )
-        fields["strategy"] = serializers.ChoiceField(
-            choices=[n for n in registry.names() if registry.allowed(n)]
+        limits = send_limits()
+        fields["total_count"] = StrictIntegerField(min_value=1, max_value=limits.max_count)
+        fields["strategy"] = serializers.ChoiceField(choices=limits.strategies)
+        fields["allocation"] = serializers.ChoiceField(
+            choices=limits.allocations, default=Allocation.DOUBLE_AVERAGE.value
         )
         fields["expires_in"] = StrictIntegerField(
-            default=86400,
-            min_value=settings.REDPACK_MIN_EXPIRES_IN,
-            max_value=settings.REDPACK_MAX_EXPIRES_IN,
+            default=DEFAULT_EXPIRES_IN,
+            min_value=limits.min_expires_in,
+            max_value=limits.max_expires_in,
             help_text="Seconds until expiry.",
         )
         return fields
@@ -97,8 +97,7 @@ class ActivitySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_grabbed_count(self, activity: Activity) -> int:
-        refunded = activity.refund.count if hasattr(activity, "refund") else 0
-        return activity.total_count - activity.surplus_count - refunded
+        return activity_grabbed_count(activity)
 
     def get_refunded_amount(self, activity: Activity) -> Decimal | None:
         return activity.refund.amount if hasattr(activity, "refund") else None

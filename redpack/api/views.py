@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
 
-from redpack import health, services
+from redpack import health, selectors, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
@@ -56,7 +56,7 @@ class ActivityCreateView(APIView):
 class ActivityDetailView(APIView):
     @extend_schema(responses={200: ActivitySerializer})
     def get(self, request: Request, pk: int) -> Response:
-        return Response(ActivitySerializer(services.activity_get(activity_id=pk)).data)
+        return Response(ActivitySerializer(selectors.activity_get(activity_id=pk)).data)
 
 
 class GrabView(APIView):
@@ -79,7 +79,7 @@ class GrabView(APIView):
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        result = services.grab(activity_id=pk, user_id=user_id(request))
+        result = services.activity_grab(activity_id=pk, user_id=user_id(request))
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))
@@ -106,7 +106,7 @@ class ActivityGrabsView(generics.ListAPIView):
     serializer_class = ActivityGrabSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return services.activity_grabs(
+        return selectors.activity_grabs(
             activity_id=self.kwargs["pk"],
             viewer_id=user_id(self.request),
             viewer_is_staff=bool(self.request.user.is_staff),
@@ -117,7 +117,7 @@ class MyGrabsView(generics.ListAPIView):
     serializer_class = GrabDetailSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return services.user_grabs(user_id=user_id(self.request))
+        return selectors.user_grabs(user_id=user_id(self.request))
 
 
 class MyRefundsView(generics.ListAPIView):
@@ -126,7 +126,7 @@ class MyRefundsView(generics.ListAPIView):
     serializer_class = RefundSerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        return services.user_refunds(user_id=user_id(self.request))
+        return selectors.user_refunds(user_id=user_id(self.request))
 
 
 class StrategyListView(APIView):

@@ -1,4 +1,5 @@
-"""The direct bench: processes × threads calling `services.grab`, then settle, audit, measure.
+"""The direct bench: processes × threads calling `services.activity_grab`, then settle, audit,
+measure.
 
 No HTTP: this measures a strategy and its stores (MySQL, Redis), with Python's own cost per
 grab. Each process has its own Django setup and connections (spawned, not forked) and each

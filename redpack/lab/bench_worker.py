@@ -98,7 +98,7 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> dict[str,
                 break
             began = time.monotonic()
             try:
-                result = services.grab(activity_id=spec.activity_id, user_id=user_id)
+                result = services.activity_grab(activity_id=spec.activity_id, user_id=user_id)
             except Exception as exc:  # noqa: BLE001 - an unanswered grab is a figure, not a crash
                 errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
             else:

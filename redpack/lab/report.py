@@ -100,7 +100,7 @@ def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:
 LEGEND = """\
 How to read it:
 
-- **run**: `bench` drives `services.grab` directly from processes × threads (no HTTP);
+- **run**: `bench` drives `services.activity_grab` directly from processes × threads (no HTTP);
   `HTTP` is Locust against gunicorn. `hot` is many users on a small activity (seed 000's
   10,000 users and 100 packets); `throughput` is a large activity grabbed back to back
   (seed 002).

@@ -6,8 +6,8 @@ commits); the activity also joins the index the persister scans. Grab: one EVALS
 pops a packet, records user -> packet and appends {user, packet} to the stream rp:{id}:persist,
 atomically, and the answer comes from Redis alone: `grabbed` means "in the stream", not "in
 MySQL". A repeated click finds the mark and answers `already_grabbed` at once. MySQL is not on
-the path (services.grab reads an activity's strategy name from MySQL once per process and keeps
-it; a missing Redis state reads the activity row once, as for redis_queue).
+the path (selectors.activity_strategy reads an activity's strategy name from MySQL once per
+process and keeps it; a missing Redis state reads the activity row once, as for redis_queue).
 
 Persist: persister.py (MySQL side) and stream.py (Redis side), run by Celery beat and workers
 through the strategy's background tasks, moves grabs to MySQL in batches,

@@ -31,9 +31,9 @@ from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
 from ..lua import redis_client, script
 from ..steps import close_row_locked
 from .audit import Snapshot, capped, differences
+from .keys import Keys, now_ms, parse_mark, run_grab
 from .rebuild import Recorded, install
 from .rows import write_grab
-from .keys import Keys, now_ms, parse_mark, run_grab
 
 logger = logging.getLogger(__name__)
 

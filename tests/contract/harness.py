@@ -46,7 +46,7 @@ def grab_concurrently(
             with connecting:
                 connection.ensure_connection()
             barrier.wait(timeout=120)
-            result = services.grab(activity_id=activity_id, user_id=user_id)
+            result = services.activity_grab(activity_id=activity_id, user_id=user_id)
             with lock:
                 answers.append(Answer(user_id, result))
         except BaseException as exc:  # noqa: BLE001 - collected and re-raised by the caller
@@ -130,7 +130,7 @@ def check_close_stops_grabs(
         expires_in=3600,
     )
     strategy = registry.get(strategy_name)
-    first = services.grab(activity_id=activity.pk, user_id=users[0].pk)
+    first = services.activity_grab(activity_id=activity.pk, user_id=users[0].pk)
     assert first.outcome is Outcome.GRABBED
     closed = strategy.close(activity_id=activity.pk)
     assert closed.remaining_count == 9

@@ -48,7 +48,7 @@ def test_audit_checks_the_answers_it_is_given(make_users, sender, tmp_path):
     activity = services.activity_send(
         sender_id=sender.pk, total_amount=Decimal("3.00"), total_count=3, strategy="pessimistic"
     )
-    results = [services.grab(activity_id=activity.pk, user_id=u.pk) for u in users[:2]]
+    results = [services.activity_grab(activity_id=activity.pk, user_id=u.pk) for u in users[:2]]
     assert {r.outcome for r in results} == {Outcome.GRABBED}
     told = [[u.pk, r.amount_cents] for u, r in zip(users, results, strict=False)]
     answers = tmp_path / "answers.json"

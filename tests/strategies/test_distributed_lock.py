@@ -51,7 +51,7 @@ def test_a_grab_that_cannot_get_the_lock_in_time_answers_contended(make_users, s
 
     with override_settings(REDPACK_LOCK_WAIT=0.3):
         started = time.monotonic()
-        answer = services.grab(activity_id=activity.pk, user_id=user.pk)
+        answer = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
         waited = time.monotonic() - started
     assert answer == GrabResult(Outcome.CONTENDED)
     # redis-py gives up as soon as its next poll would fall after the deadline.
@@ -59,7 +59,9 @@ def test_a_grab_that_cannot_get_the_lock_in_time_answers_contended(make_users, s
     assert not GrabDetail.objects.filter(activity=activity).exists()
 
     held.release()
-    assert services.grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.GRABBED
+    )
     activity.refresh_from_db()
     assert audit_activity(activity).ok
 
@@ -86,7 +88,7 @@ def test_a_write_whose_lock_expired_before_commit_is_fenced_off(make_users, send
 
     def paused_grab() -> None:
         try:
-            answers.append(services.grab(activity_id=activity.pk, user_id=user.pk))
+            answers.append(services.activity_grab(activity_id=activity.pk, user_id=user.pk))
         finally:
             connection.close()
 

@@ -65,19 +65,22 @@ def test_failed_mysql_write_gives_everything_back_and_the_user_may_retry(
     alone) fails on the detail row's foreign key: Redis must be as if it never happened."""
     (someone,) = make_users(1)
     activity = send(sender, strategy, "10.00", 5)
-    assert services.grab(activity_id=activity.pk, user_id=someone.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=someone.pk).outcome
+        is Outcome.GRABBED
+    )
     before = snapshot(activity.pk)
     newcomer_id = someone.pk + 1000
 
     with pytest.raises(Forbidden):  # refused (403), not a server error
-        services.grab(activity_id=activity.pk, user_id=newcomer_id)
+        services.activity_grab(activity_id=activity.pk, user_id=newcomer_id)
 
     assert snapshot(activity.pk) == before  # the packet is back in its place, no mark is left
     assert audited(activity) == []
     get_user_model().objects.create(pk=newcomer_id, username="newcomer")
-    retry = services.grab(activity_id=activity.pk, user_id=newcomer_id)
+    retry = services.activity_grab(activity_id=activity.pk, user_id=newcomer_id)
     assert retry.outcome is Outcome.GRABBED
-    again = services.grab(activity_id=activity.pk, user_id=newcomer_id)
+    again = services.activity_grab(activity_id=activity.pk, user_id=newcomer_id)
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, retry.amount_cents)
     assert audited(activity) == []
 
@@ -88,15 +91,20 @@ def test_refusals_come_in_the_order_of_the_contract(strategy, make_users, sender
     """closed, then already_grabbed, then sold_out (strategies.base.refusal), lock-free or not."""
     winner, late, later = make_users(3)
     activity = send(sender, strategy, "1.00", 1)
-    won = services.grab(activity_id=activity.pk, user_id=winner.pk)
+    won = services.activity_grab(activity_id=activity.pk, user_id=winner.pk)
     assert won.outcome is Outcome.GRABBED
 
-    again = services.grab(activity_id=activity.pk, user_id=winner.pk)
+    again = services.activity_grab(activity_id=activity.pk, user_id=winner.pk)
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, won.amount_cents)
-    assert services.grab(activity_id=activity.pk, user_id=late.pk).outcome is Outcome.SOLD_OUT
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=late.pk).outcome is Outcome.SOLD_OUT
+    )
     registry.get(strategy).close(activity_id=activity.pk)
     for user in (winner, late, later):
-        assert services.grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.CLOSED
+        assert (
+            services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome
+            is Outcome.CLOSED
+        )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -147,7 +155,7 @@ def test_flushdb_mid_run_then_redis_rebuild_keeps_every_invariant(strategy, make
 def test_audit_names_what_differs_between_redis_queue_and_mysql(make_users, sender):
     users = make_users(2)
     activity = send(sender, "redis_queue", "10.00", 4)
-    grabbed = services.grab(activity_id=activity.pk, user_id=users[0].pk)
+    grabbed = services.activity_grab(activity_id=activity.pk, user_id=users[0].pk)
     keys = Keys(activity.pk)
     redis = get_redis_connection("default")
     first_left = redis.lindex(f"{keys.tag}packets", 0).decode()
@@ -171,7 +179,7 @@ def test_audit_names_what_differs_between_redis_queue_and_mysql(make_users, send
 def test_audit_names_what_differs_between_redis_counter_and_mysql(make_users, sender):
     users = make_users(3)
     activity = send(sender, "redis_counter", "10.00", 4)
-    grabbed = services.grab(activity_id=activity.pk, user_id=users[0].pk)
+    grabbed = services.activity_grab(activity_id=activity.pk, user_id=users[0].pk)
     keys = Keys(activity.pk)
     redis = get_redis_connection("default")
     redis.hset(f"{keys.tag}grabbed", users[0].pk, 999)  # above any first draw of 10.00 / 4
@@ -213,7 +221,7 @@ def test_redis_counter_draws_in_lua_like_the_allocation_module(
     )
     remaining = total_cents
     for left, user in zip(range(count, 0, -1), users, strict=True):
-        result = services.grab(activity_id=activity.pk, user_id=user.pk)
+        result = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
         assert result.outcome is Outcome.GRABBED
         cents = result.amount_cents
         ceiling = remaining - (left - 1)
@@ -287,7 +295,9 @@ def test_state_expires_a_grace_period_after_the_activity(strategy, make_users, s
     settings.REDPACK_REDIS_STATE_GRACE = 1
     (user,) = make_users(1)
     activity = send(sender, strategy, "1.00", 2, expires_in=2)
-    assert services.grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.GRABBED
+    )
     redis = get_redis_connection("default")
     for key in Keys(activity.pk).ordered():
         if redis.exists(key):
@@ -296,7 +306,9 @@ def test_state_expires_a_grace_period_after_the_activity(strategy, make_users, s
     time.sleep(max(0.0, (gone_at - timezone.now()).total_seconds()))
 
     assert not redis.exists(*Keys(activity.pk).ordered())
-    assert services.grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.CLOSED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.CLOSED
+    )
     assert audited(activity) == []  # nothing in Redis to compare once it expired
     left = registry.get(strategy).close(activity_id=activity.pk)
     activity.refresh_from_db()

@@ -36,8 +36,8 @@ SHOWN = [
 
 class Command(BaseCommand):
     help = (
-        "Drive one strategy with concurrent grabs through services.grab (no HTTP), audit, and "
-        "report throughput, latency and resources. Exits non-zero when the audit fails."
+        "Drive one strategy with concurrent grabs through services.activity_grab (no HTTP), "
+        "audit, and report throughput, latency and resources. Exits non-zero when the audit fails."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -82,7 +82,7 @@ class Command(BaseCommand):
                     if user_id is None:
                         return
                     started = time.perf_counter()
-                    services.grab(activity_id=hot.pk, user_id=user_id)
+                    services.activity_grab(activity_id=hot.pk, user_id=user_id)
                     latencies[phase["name"]].append((time.perf_counter() - started) * 1000)
             finally:
                 connection.close()
@@ -101,7 +101,7 @@ class Command(BaseCommand):
             try:
                 while batch := expiry.claim_due(batch=100, lease_seconds=60):
                     for activity_id in batch:
-                        expiry.refund(activity_id=activity_id)
+                        services.activity_expire(activity_id=activity_id)
                         done += 1
                 return done
             finally:

@@ -57,5 +57,5 @@ class Command(BaseCommand):
             else:
                 created = "kept"
             for user in grabbers:
-                services.grab(activity_id=activity.pk, user_id=user.pk)
+                services.activity_grab(activity_id=activity.pk, user_id=user.pk)
             self.stdout.write(f"{name}: demo activity {activity.pk} {created}")

@@ -72,7 +72,7 @@ def send(sender, count: int) -> Activity:  # type: ignore[no-untyped-def]
 def grab_all(activity: Activity, users) -> dict[int, int]:  # type: ignore[no-untyped-def]
     answers = {}
     for user in users:
-        result = services.grab(activity_id=activity.pk, user_id=user.pk)
+        result = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
         assert result.outcome is Outcome.GRABBED
         assert result.amount_cents is not None
         answers[user.pk] = result.amount_cents

@@ -44,7 +44,7 @@ def grab_all(activity: Activity, user_ids: list[int]) -> dict[int, int]:
     """Each user grabs once; user id -> cents of every `grabbed` answer."""
     answers = {}
     for user_id in user_ids:
-        result = services.grab(activity_id=activity.pk, user_id=user_id)
+        result = services.activity_grab(activity_id=activity.pk, user_id=user_id)
         if result.outcome is Outcome.GRABBED:
             assert result.amount_cents is not None
             answers[user_id] = result.amount_cents
@@ -73,11 +73,13 @@ def stream_length(activity: Activity) -> int:
 def test_grab_answers_from_redis_alone_and_mysql_follows(make_users, sender):
     users = make_users(12)
     activity = send(sender, count=10)
-    services.grab(activity_id=activity.pk, user_id=users[0].pk)  # warms the strategy lookup
+    services.activity_grab(
+        activity_id=activity.pk, user_id=users[0].pk
+    )  # warms the strategy lookup
 
     with CaptureQueriesContext(connection) as queries:
         answers = grab_all(activity, [u.pk for u in users[1:]])
-        again = services.grab(activity_id=activity.pk, user_id=users[1].pk)
+        again = services.activity_grab(activity_id=activity.pk, user_id=users[1].pk)
     assert len(queries) == 0, [q["sql"] for q in queries]
     assert len(answers) == 9  # 10 packets, one went to the warm-up grab
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, answers[users[1].pk])
@@ -200,7 +202,7 @@ def test_admin_shows_failures_and_lag_and_retries_with_the_permission(
     persister.persist_all(run_seconds=10)
     failure = PersistFailure.objects.get()
     assert failure.status == PersistFailureStatus.DEAD
-    services.grab(activity_id=activity.pk, user_id=users[1].pk)  # one more waiting
+    services.activity_grab(activity_id=activity.pk, user_id=users[1].pk)  # one more waiting
 
     staff = users[0]
     staff.is_staff = True
@@ -274,7 +276,7 @@ def test_redis_rebuild_waits_for_the_grabs_on_their_way(make_users, sender):
     assert audited(activity, first) == []
     more = grab_all(activity, [u.pk for u in users[4:]])
     assert len(more) == 2
-    assert services.grab(activity_id=activity.pk, user_id=users[0].pk).outcome is (
+    assert services.activity_grab(activity_id=activity.pk, user_id=users[0].pk).outcome is (
         Outcome.ALREADY_GRABBED
     )
     assert registry.get(STRATEGY).settle(activity_id=activity.pk, timeout=10)

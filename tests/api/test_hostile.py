@@ -14,8 +14,7 @@ from rest_framework_simplejwt.tokens import AccessToken
 from redpack import services
 from redpack.models import Activity, GrabDetail, Packet, Refund
 from strategies import registry
-
-from .servers import ROOT
+from tests.servers import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -215,7 +214,7 @@ def test_who_grabbed_what_is_for_the_sender_and_staff(sender, make_users):
     activity = services.activity_send(
         sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
     )
-    services.grab(activity_id=activity.pk, user_id=grabber.pk)
+    services.activity_grab(activity_id=activity.pk, user_id=grabber.pk)
     url = f"/api/activities/{activity.pk}/grabs/"
     rows = client_for(sender).get(url).json()["results"]
     assert [row["user"] for row in rows] == [grabber.pk]
