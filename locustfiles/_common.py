@@ -2,7 +2,8 @@
 
 Locust skips files whose name starts with "_", so `locust -f locustfiles/` never runs this as
 a scenario. No Django here: the scenarios talk HTTP only, and the local audit runs
-`manage.py audit` as a subprocess.
+`manage.py audit` as a subprocess. Figures use the lab's one definition of each
+(redpack/lab/stats.py, plain Python), as the direct bench does.
 
 Counting: a grab answered 200 (grabbed, already_grabbed, sold_out, closed) or 409 (contended)
 is a *success* for Locust, reported under `grab: <outcome>`; contended is counted and shown
@@ -38,6 +39,8 @@ from locust.runners import (
     WorkerRunner,
 )
 from locust.stats import StatsEntry
+
+from redpack.lab.stats import percentile_of_counts, share, success_rate
 
 logger = logging.getLogger("redpack.locust")
 
@@ -401,10 +404,10 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         "seconds": round(seconds, 3),
         "requests_per_s": round(requests_total / seconds, 1) if seconds else None,
         "grabs_per_s": round(grabbed / seconds, 1) if seconds else None,
-        "success_rate": round((answered - contended) / requests_total, 4)
-        if requests_total
-        else None,
-        "contended_share": round(contended / requests_total, 4) if requests_total else None,
+        "success_rate": success_rate(
+            requests=requests_total, contended=contended, failed=requests_total - answered
+        ),
+        "contended_share": share(contended, requests_total),
         "p50_ms": _percentile(latency, 0.50),
         "p95_ms": _percentile(latency, 0.95),
         "p99_ms": _percentile(latency, 0.99),
@@ -423,7 +426,8 @@ def _grab_latency(environment: Environment, prefix: str) -> StatsEntry:
 
 
 def _percentile(entry: StatsEntry, q: float) -> float | None:
-    return float(entry.get_response_time_percentile(q)) if entry.num_requests else None
+    """Locust keeps response times as a histogram; the lab's nearest-rank percentile of it."""
+    return percentile_of_counts(entry.response_times, q)
 
 
 def _audit(environment: Environment, summary: dict[str, Any]) -> None:

@@ -20,7 +20,9 @@ def real_services(django_db_setup, django_db_blocker) -> None:  # type: ignore[n
         get_redis_connection("default").ping()
     except RedisConnectionError as exc:
         pytest.exit(f"Redis is not answering ({exc}); start it, tests need the real server", 2)
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
+    # Not connection.cursor(): when no selected test uses the database, pytest-django sets up
+    # no test database, and the configured one may not exist.
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
         cursor.execute("SELECT @@max_connections")
         (current,) = cursor.fetchone()
         if current < MIN_DB_CONNECTIONS:

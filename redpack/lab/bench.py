@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import queue
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -33,6 +32,8 @@ from strategies.base import Outcome
 from . import bench_worker
 from .bench_worker import START_TIMEOUT, WorkerSpec
 from .meters import Meters
+from .results import BenchResult, Failure, Ready, WorkerReport
+from .stats import percentile, share, success_rate
 from .users import bench_sender, bench_users_ensure
 
 # Settings a spawned worker copies from the parent, so it talks to exactly the same stores
@@ -65,16 +66,9 @@ class BenchError(Exception):
     """The bench could not run (a worker failed to start or died)."""
 
 
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return None
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
 def run_bench(
     config: BenchConfig, *, progress: Callable[[int, int], None] | None = None
-) -> dict[str, Any]:
+) -> BenchResult:
     """Run one bench and return its figures; `progress(done, total)` is called while it runs."""
     strategy = registry.get(config.strategy)  # KeyError: not configured
     # The unsafe baseline belongs in the comparison: allow it here, for this run only.
@@ -85,7 +79,7 @@ def run_bench(
 
 def _run(
     config: BenchConfig, *, strategy_safe: bool, progress: Callable[[int, int], None] | None
-) -> dict[str, Any]:
+) -> BenchResult:
     user_ids, _ = bench_users_ensure(count=config.users, prefix=config.user_prefix)
     sender = bench_sender(prefix=config.user_prefix)
     amount_cents = config.amount_cents or 100 * config.packets
@@ -146,11 +140,11 @@ def _run(
     settle_seconds = time.monotonic() - grabs_ended
     after = meters.snapshot()
     # Each thread's closing SHOW SESSION STATUS is a statement inside the window.
-    measuring = sum(r["session_reads"] for r in reports)
+    measuring = sum(r.session_reads for r in reports)
     usage = Meters.usage(before, after, own_mysql_statements=measuring)
 
     activity = Activity.objects.get(pk=activity.pk)
-    answers = [tuple(a) for r in reports for a in r["answers"]]
+    answers = [(user, cents) for r in reports for user, cents in r.answers]
     audit = audit_activity(activity, answers=answers)  # type: ignore[arg-type]
     return _figures(
         config=config,
@@ -167,7 +161,9 @@ def _run(
     )
 
 
-def _next_message(workers: list[Any], results: multiprocessing.Queue) -> dict[str, Any] | None:
+def _next_message(
+    workers: list[Any], results: multiprocessing.Queue
+) -> Ready | WorkerReport | None:
     """The next message from a worker, None after a short wait; BenchError if one failed."""
     try:
         message = results.get(timeout=0.2)
@@ -176,8 +172,8 @@ def _next_message(workers: list[Any], results: multiprocessing.Queue) -> dict[st
         if dead and results.empty():
             raise BenchError(f"bench worker exited with code {dead[0].exitcode}") from None
         return None
-    if "failure" in message:
-        raise BenchError(message["failure"])
+    if isinstance(message, Failure):
+        raise BenchError(message.message)
     return message
 
 
@@ -197,11 +193,11 @@ def _collect(
     done_counts: Any,
     total: int,
     progress: Callable[[int, int], None] | None,
-) -> list[dict[str, Any]]:
-    reports: list[dict[str, Any]] = []
+) -> list[WorkerReport]:
+    reports: list[WorkerReport] = []
     while len(reports) < len(workers):
         report = _next_message(workers, results)
-        if report is not None:
+        if isinstance(report, WorkerReport):
             reports.append(report)
         elif progress:
             progress(sum(done_counts), total)
@@ -217,87 +213,83 @@ def _figures(
     activity: Activity,
     processes: int,
     threads: int,
-    reports: list[dict[str, Any]],
+    reports: list[WorkerReport],
     answers: list[tuple[int, int]],
     audit: Any,
     usage: Any,
     settled: bool,
     settle_seconds: float,
-) -> dict[str, Any]:
-    outcomes: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    latencies: list[float] = []
-    for report in reports:
-        outcomes.update(report["outcomes"])
-        errors.update(report["errors"])
-        latencies.extend(report["latencies_ms"])
-    latencies.sort()
+) -> BenchResult:
+    total = WorkerReport.merged(reports)
+    outcomes, errors = total.outcomes, total.errors
+    latencies = sorted(total.latencies_ms)
     requests = len(latencies)
-    starts = [r["first_start"] for r in reports if r["first_start"] is not None]
-    ends = [r["last_end"] for r in reports if r["last_end"] is not None]
-    seconds = max(ends) - min(starts) if starts else 0.0
+    seconds = (
+        total.last_end - total.first_start
+        if total.first_start is not None and total.last_end is not None
+        else 0.0
+    )
     contended = outcomes[Outcome.CONTENDED.value]
     failed = sum(errors.values())
     grabbed = len(answers)
-    own = [r["own_queries"] for r in reports]
-    own_queries = sum(own) if all(q is not None for q in own) else None
-    cpu_client = sum(r["cpu_seconds"] for r in reports)
+    own_queries = total.own_queries
+    cpu_client = total.cpu_seconds
     cpu_total = cpu_client + usage.redis_cpu + (usage.mysql_cpu or 0.0)
 
     def per_request(value: float | None) -> float | None:
         return None if value is None or not requests else round(value / requests, 3)
 
-    return {
-        "strategy": config.strategy,
-        "safe": strategy_safe,
-        "activity_id": activity.pk,
-        "packets": config.packets,
-        "users": config.users,
-        "clicks": config.clicks,
-        "allocation": config.allocation,
-        "concurrency": processes * threads,
-        "processes": processes,
-        "threads_per_process": threads,
-        "requests": requests,
-        "grabbed": grabbed,
-        "grabbed_rows": audit.grabbed,
-        "outcomes": dict(sorted(outcomes.items())),
-        "errors": failed,
-        "error_messages": dict(errors.most_common(5)),
-        "seconds": round(seconds, 3),
-        "requests_per_s": round(requests / seconds, 1) if seconds else None,
-        "grabs_per_s": round(grabbed / seconds, 1) if seconds else None,
+    return BenchResult(
+        strategy=config.strategy,
+        safe=strategy_safe,
+        activity_id=activity.pk,
+        packets=config.packets,
+        users=config.users,
+        clicks=config.clicks,
+        allocation=config.allocation,
+        concurrency=processes * threads,
+        processes=processes,
+        threads_per_process=threads,
+        requests=requests,
+        grabbed=grabbed,
+        grabbed_rows=audit.grabbed,
+        outcomes=dict(sorted(outcomes.items())),
+        errors=failed,
+        error_messages=dict(errors.most_common(5)),
+        seconds=round(seconds, 3),
+        requests_per_s=round(requests / seconds, 1) if seconds else None,
+        grabs_per_s=round(grabbed / seconds, 1) if seconds else None,
         # Share of clicks that got a final answer (not contended, not an error).
-        "success_rate": round((requests - contended - failed) / requests, 4) if requests else None,
+        success_rate=success_rate(requests=requests, contended=contended, failed=failed),
         # Share of the packets that could be grabbed (min(packets, users)) that were.
-        "fill_rate": round(grabbed / min(config.packets, config.users), 4),
-        "contended": contended,
-        "contended_share": round(contended / requests, 4) if requests else None,
-        "oversold": audit.oversold,
-        "duplicates": audit.duplicates,
-        "mean_ms": round(sum(latencies) / requests, 3) if requests else None,
-        "p50_ms": _round(percentile(latencies, 0.50)),
-        "p95_ms": _round(percentile(latencies, 0.95)),
-        "p99_ms": _round(percentile(latencies, 0.99)),
-        "max_ms": _round(latencies[-1] if latencies else None),
-        "mysql_queries": usage.mysql_queries,
-        "mysql_queries_per_request": per_request(usage.mysql_queries),
-        "mysql_queries_per_request_own": per_request(own_queries),
-        "redis_commands": usage.redis_commands,
-        "redis_commands_per_request": per_request(usage.redis_commands),
-        "cpu_seconds": round(cpu_total, 3),
-        "cpu_seconds_client": round(cpu_client, 3),
-        "cpu_seconds_mysql": None if usage.mysql_cpu is None else round(usage.mysql_cpu, 3),
-        "cpu_seconds_redis": round(usage.redis_cpu, 3),
-        "cpu_seconds_per_1k_requests": round(1000 * cpu_total / requests, 3) if requests else None,
-        "settled": settled,
-        "settle_seconds": round(settle_seconds, 3),
-        "audit_ok": audit.ok,
-        "violations": audit.violations,
-        "config": asdict(config),
-        "cpus": os.cpu_count(),
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+        fill_rate=share(grabbed, min(config.packets, config.users)),
+        contended=contended,
+        contended_share=share(contended, requests),
+        oversold=audit.oversold,
+        duplicates=audit.duplicates,
+        mean_ms=round(sum(latencies) / requests, 3) if requests else None,
+        p50_ms=_round(percentile(latencies, 0.50)),
+        p95_ms=_round(percentile(latencies, 0.95)),
+        p99_ms=_round(percentile(latencies, 0.99)),
+        max_ms=_round(latencies[-1] if latencies else None),
+        mysql_queries=usage.mysql_queries,
+        mysql_queries_per_request=per_request(usage.mysql_queries),
+        mysql_queries_per_request_own=per_request(own_queries),
+        redis_commands=usage.redis_commands,
+        redis_commands_per_request=per_request(usage.redis_commands),
+        cpu_seconds=round(cpu_total, 3),
+        cpu_seconds_client=round(cpu_client, 3),
+        cpu_seconds_mysql=None if usage.mysql_cpu is None else round(usage.mysql_cpu, 3),
+        cpu_seconds_redis=round(usage.redis_cpu, 3),
+        cpu_seconds_per_1k_requests=round(1000 * cpu_total / requests, 3) if requests else None,
+        settled=settled,
+        settle_seconds=round(settle_seconds, 3),
+        audit_ok=audit.ok,
+        violations=audit.violations,
+        config=asdict(config),
+        cpus=os.cpu_count(),
+        finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
 
 
 def _round(value: float | None) -> float | None:

@@ -3,8 +3,8 @@
 Importing this module must not import Django models: a spawned process unpickles its target
 before Django is set up, so everything Django-related is imported inside `main`.
 
-Messages to the parent, on `results`: {"ready": pid} once every thread is connected, then one
-report; or {"failure": text} at any point.
+Messages to the parent, on `results` (results.py): Ready once every thread is connected, then
+one WorkerReport; or a Failure at any point.
 """
 
 import os
@@ -12,9 +12,10 @@ import queue
 import resource
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from .results import Failure, Ready, WorkerReport
 
 START_TIMEOUT = 120.0
 
@@ -35,7 +36,7 @@ def main(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> None:
         _setup(spec)
         report = _run(spec, go, results, done_counts)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which stops the run
-        results.put({"failure": f"bench worker {os.getpid()} failed: {exc!r}"})
+        results.put(Failure(f"bench worker {os.getpid()} failed: {exc!r}"))
         return
     results.put(report)
 
@@ -59,7 +60,7 @@ def _setup(spec: WorkerSpec) -> None:
     registry.get(spec.strategy)  # import and build the strategy before the clock starts
 
 
-def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> dict[str, Any]:
+def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> WorkerReport:
     from django.db import connection
 
     from redpack import services
@@ -72,21 +73,17 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> dict[str,
         work.put(user_id)
     connected = threading.Barrier(spec.threads + 1)
     start = threading.Event()
-    per_thread: list[dict[str, Any]] = [{} for _ in range(spec.threads)]
+    per_thread = [WorkerReport() for _ in range(spec.threads)]
+    failures: list[str] = []
 
     def grab_loop(index: int) -> None:
         mine = per_thread[index]
         slot = spec.first_slot + index
-        latencies: list[float] = []
-        outcomes: Counter[str] = Counter()
-        errors: Counter[str] = Counter()
-        answers: list[tuple[int, int]] = []
-        first_start = last_end = None
         try:
             connection.ensure_connection()
             questions_before = mysql_session_questions()
         except Exception as exc:  # noqa: BLE001 - the process reports it and stops the run
-            mine["failure"] = repr(exc)
+            failures.append(repr(exc))
             return
         finally:
             connected.wait()
@@ -100,78 +97,39 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> dict[str,
             try:
                 result = services.activity_grab(activity_id=spec.activity_id, user_id=user_id)
             except Exception as exc:  # noqa: BLE001 - an unanswered grab is a figure, not a crash
-                errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+                mine.errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
             else:
-                outcomes[result.outcome.value] += 1
+                mine.outcomes[result.outcome.value] += 1
                 if result.outcome is Outcome.GRABBED:
-                    answers.append((user_id, int(result.amount_cents or 0)))
+                    mine.answers.append((user_id, int(result.amount_cents or 0)))
             ended = time.monotonic()
-            latencies.append((ended - began) * 1000)
-            first_start = began if first_start is None else first_start
-            last_end = ended
+            mine.latencies_ms.append((ended - began) * 1000)
+            mine.first_start = began if mine.first_start is None else mine.first_start
+            mine.last_end = ended
             done_counts[slot] += 1
         questions_after = mysql_session_questions()
         connection.close()
-        own = None
+        mine.own_queries = None
         if questions_before is not None and questions_after is not None:
-            own = questions_after - questions_before - 1  # the closing read counts itself
-        mine.update(
-            latencies_ms=latencies,
-            outcomes=outcomes,
-            errors=errors,
-            answers=answers,
-            first_start=first_start,
-            last_end=last_end,
-            own_queries=own,
-            session_reads=0 if questions_after is None else 1,
-        )
+            mine.own_queries = questions_after - questions_before - 1  # the read counts itself
+        mine.session_reads = 0 if questions_after is None else 1
 
     pool = [threading.Thread(target=grab_loop, args=(i,), daemon=True) for i in range(spec.threads)]
     for thread in pool:
         thread.start()
     connected.wait(timeout=START_TIMEOUT)
-    failures = [mine["failure"] for mine in per_thread if "failure" in mine]
     if failures:
         raise RuntimeError(f"cannot connect: {failures[0]}")
-    results.put({"ready": os.getpid()})
+    results.put(Ready(os.getpid()))
     if not go.wait(timeout=START_TIMEOUT):
         raise RuntimeError("the parent never gave the start signal")
     cpu_before = _own_cpu()
     start.set()
     for thread in pool:
         thread.join()
-    cpu = _own_cpu() - cpu_before
-    return _merge(per_thread, cpu)
-
-
-def _merge(per_thread: list[dict[str, Any]], cpu: float) -> dict[str, Any]:
-    outcomes: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
-    latencies: list[float] = []
-    answers: list[tuple[int, int]] = []
-    own: int | None = 0
-    starts, ends = [], []
-    for mine in per_thread:
-        latencies.extend(mine["latencies_ms"])
-        outcomes.update(mine["outcomes"])
-        errors.update(mine["errors"])
-        answers.extend(mine["answers"])
-        own = None if own is None or mine["own_queries"] is None else own + mine["own_queries"]
-        if mine["first_start"] is not None:
-            starts.append(mine["first_start"])
-            ends.append(mine["last_end"])
-    return {
-        "latencies_ms": latencies,
-        "outcomes": dict(outcomes),
-        "errors": dict(errors),
-        "answers": answers,
-        "own_queries": own,
-        "session_reads": sum(mine["session_reads"] for mine in per_thread),
-        "cpu_seconds": cpu,
-        # time.monotonic is CLOCK_MONOTONIC: one clock for every process on the machine.
-        "first_start": min(starts) if starts else None,
-        "last_end": max(ends) if ends else None,
-    }
+    report = WorkerReport.merged(per_thread)
+    report.cpu_seconds = _own_cpu() - cpu_before
+    return report
 
 
 def _own_cpu() -> float:

@@ -1,7 +1,7 @@
 """What this machine can do at best, at the bench's concurrency, without our Python in the way.
 
 - Redis: one grab script by EVALSHA, driven by redis-benchmark (C): the strategy's own script
-  when it names one (GrabStrategy.ceiling_script), else a representative pop + hset script.
+  when STRATEGY_SCRIPTS names one, else a representative pop + hset script.
 - MySQL: `UPDATE hot_row SET n = n + 1 WHERE id = 1` from many connections (mysqlslap, or a
   Python loop when mysqlslap is missing): the hand-off rate of one hot row, which bounds every
   strategy that writes the activity row per grab.
@@ -13,7 +13,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -30,12 +29,43 @@ from redpack import services
 from redpack.models import Activity
 from strategies import registry
 
+from . import processes
 from .users import bench_sender
 
 LAB = Path(__file__).resolve().parent
 STRATEGIES_LUA = Path(registry.__file__).resolve().parent / "lua"
 REPRESENTATIVE_SCRIPT = LAB / "ceiling_grab.lua"
 USER_RANGE = 1_000_000_000  # redis-benchmark's __rand_int__ range: users rarely repeat
+
+_STATE = (
+    "rp:{$activity}:meta",
+    "rp:{$activity}:count",
+    "rp:{$activity}:grabbed",
+    "rp:{$activity}:packets",
+)
+# The Redis strategies' own grab scripts, as redis-benchmark runs them against an activity the
+# strategy prepared: script (strategies/lua/), number of KEYS, then KEYS and ARGV, with
+# $activity, $user (a random user) and $now_ms filled in. The others have none (MySQL does
+# their work; distributed_lock's Redis part is redis-py's Lock).
+STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "redis_counter": (
+        "counter_grab.lua",
+        "4",
+        *_STATE,
+        "$user",
+        "$now_ms",
+        "12345",
+    ),
+    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$user", "$now_ms"),
+    "redis_queue_async": (
+        "queue_grab.lua",
+        "5",
+        *_STATE,
+        "rp:{$activity}:persist",
+        "$user",
+        "$now_ms",
+    ),
+}
 
 
 @dataclass
@@ -65,7 +95,7 @@ def redis_representative(*, requests: int, concurrency: int) -> Ceiling:
             args=["3", *keys, "__rand_int__"],
             requests=requests,
             concurrency=concurrency,
-            note="redpack/lab/ceiling_grab.lua; used for strategies without ceiling_script",
+            note="redpack/lab/ceiling_grab.lua; used for strategies without a script of their own",
         )
     finally:
         client.delete(*keys)
@@ -73,8 +103,7 @@ def redis_representative(*, requests: int, concurrency: int) -> Ceiling:
 
 def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | None:
     """The strategy's own grab script against a real activity of `requests` packets."""
-    strategy = registry.get(name)
-    spec = strategy.ceiling_script
+    spec = STRATEGY_SCRIPTS.get(name)
     if not spec:
         return None
     script = STRATEGIES_LUA / spec[0]
@@ -148,7 +177,7 @@ def _redis_script(
             command += ["--user", str(where["username"])]
     command += ["-n", str(requests), "-c", str(concurrency), "-r", str(USER_RANGE), "--csv"]
     command += ["EVALSHA", sha, *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    done = processes.run(command, timeout=600)
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     if done.returncode != 0 or not rows:
         detail = (done.stderr or done.stdout).strip()[-300:]
@@ -199,7 +228,7 @@ def _mysqlslap(
         "--delimiter=;",
     ]
     env = {**os.environ, "MYSQL_PWD": db.get("PASSWORD") or ""}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
+    done = processes.run(command, timeout=1800, env=env)
     seconds = re.search(r"Average number of seconds to run all queries: ([\d.]+)", done.stdout)
     per_client = re.search(r"Average number of queries per client: (\d+)", done.stdout)
     if done.returncode != 0 or not seconds or not per_client or float(seconds.group(1)) == 0:

@@ -3,13 +3,12 @@
 It starts what the runs need (gunicorn; a Celery worker and one beat when the project defines
 tasks), measures the machine's ceilings, runs each strategy (the unsafe baseline included
 when registered) as `bench hot`, `bench throughput`, `HTTP hot` and `HTTP throughput`, stops
-what it started, and writes reports/compare.{md,png,json} and the README's bench block.
+what it started, and writes reports/compare.{md,png,json} (and its logs under reports/logs/);
+nothing outside reports/.
 """
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import psutil
 import requests
 from django.conf import settings
 from django.test.utils import override_settings
@@ -28,7 +26,7 @@ from redpack import services
 from strategies import registry
 
 from . import ceilings as ceiling_runs
-from . import report
+from . import processes, report
 from .meters import Meters
 from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
 
@@ -56,40 +54,8 @@ class CompareConfig:
     skip_bench: bool = False
     skip_locust: bool = False
     out_dir: Path = BASE_DIR / "reports"
-    work_dir: Path = BASE_DIR / "artifacts" / "compare"
-    readme: Path | None = BASE_DIR / "README.md"
+    work_dir: Path = BASE_DIR / "reports" / "logs"
     command: str = "manage.py compare"
-
-
-class Service:
-    """A server process compare started, in its own process group, logging to a file."""
-
-    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
-        self.name = name
-        self.log = log
-        with open(log, "w") as handle:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                cwd=BASE_DIR,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.psutil = psutil.Process(self.process.pid)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self) -> None:
-        if not self.alive():
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
 
 
 def celery_tasks() -> list[str]:
@@ -143,7 +109,7 @@ class Compare:
     def __init__(self, config: CompareConfig, log: Callable[[str], None]) -> None:
         self.config = config
         self.log = log
-        self.services: list[Service] = []
+        self.services: list[processes.Running] = []
         self.results: list[dict[str, Any]] = []
         self.ceilings: list[dict[str, Any]] = []
         self.names = config.strategies or registry.names()
@@ -241,13 +207,18 @@ class Compare:
             self.log(f"Celery tasks found ({', '.join(tasks)}): starting a worker and beat")
         return bool(tasks)
 
+    def _start(self, name: str, command: list[str], log: str) -> processes.Running:
+        return processes.Running(
+            name, command, env=self.env, cwd=BASE_DIR, log=self.config.work_dir / log
+        )
+
     def _start_web(self) -> None:
         c = self.config
         command = [sys.executable, "-m", "gunicorn", "redpack.wsgi:application"]
         command += ["--bind", f"127.0.0.1:{c.port}", "--workers", str(c.web_workers)]
         command += ["--threads", str(c.web_threads), "--timeout", "300", "--log-level", "warning"]
         self.log(f"starting gunicorn: {c.web_workers} workers × {c.web_threads} threads")
-        self.services.append(Service("gunicorn", command, self.env, c.work_dir / "gunicorn.log"))
+        self.services.append(self._start("gunicorn", command, "gunicorn.log"))
         server = self.services[-1]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.alive():
@@ -265,8 +236,8 @@ class Compare:
         celery = [sys.executable, "-m", "celery", "-A", "redpack"]
         worker = [*celery, "worker", "--loglevel", "WARNING", "--concurrency", "2"]
         beat = [*celery, "beat", "--loglevel", "WARNING", "--schedule", str(work / "beat")]
-        self.services.append(Service("celery worker", worker, self.env, work / "celery.log"))
-        self.services.append(Service("celery beat", beat, self.env, work / "beat.log"))
+        self.services.append(self._start("celery worker", worker, "celery.log"))
+        self.services.append(self._start("celery beat", beat, "beat.log"))
 
     def _measure_web_ceiling(self) -> None:
         c = self.config
@@ -297,7 +268,7 @@ class Compare:
         command = [sys.executable, str(BASE_DIR / "manage.py"), "bench", "--strategy", name]
         command += ["--packets", str(packets), "--users", str(users), "--json"]
         command += ["--concurrency", str(c.concurrency), "--processes", str(c.bench_processes)]
-        done = subprocess.run(command, env=self.env, capture_output=True, text=True, cwd=BASE_DIR)
+        done = processes.run(command, env=self.env, cwd=BASE_DIR)
         try:
             figures = json.loads(done.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -378,8 +349,7 @@ class Compare:
         command += ["--sender-token", self.sender_token, "--csv", str(work / stem)]
         command += ["--only-summary", "--loglevel", "WARNING", *extra]
         command += ["--summary-json", str(summary_path)]
-        with open(work / f"{stem}.log", "w") as log:
-            done = subprocess.run(command, env=self.env, cwd=BASE_DIR, stdout=log, stderr=log)
+        done = processes.run(command, env=self.env, cwd=BASE_DIR, log=work / f"{stem}.log")
         if not summary_path.exists():
             self.log(f"  locust exited {done.returncode} without a summary; see {stem}.log")
             return None, summary_path, done.returncode
@@ -398,11 +368,7 @@ class Compare:
             "load_before": load_before,
             "concurrency": c.concurrency,
             "seconds": round(seconds, 1),
-            "settings": [
-                f"{k} = {_relative(v)}"
-                for k, v in asdict(c).items()
-                if k not in {"readme", "command"}
-            ],
+            "settings": [f"{k} = {_relative(v)}" for k, v in asdict(c).items() if k != "command"],
         }
         if float(load_before.split(",")[0]) > cpus:
             context["warning"] = (
@@ -422,9 +388,6 @@ class Compare:
         report.write_markdown(
             out / "compare.md", results=self.results, ceilings=self.ceilings, context=context
         )
-        block = report.readme_block(self.results, context)
-        if c.readme and c.readme.exists() and report.rewrite_readme(c.readme, block):
-            self.log(f"updated the bench block of {c.readme}")
         self.log(f"wrote {out / 'compare.md'} and {out / 'compare.png'} in {seconds:.0f} s")
 
     def _print_ratios(self) -> None:
@@ -448,9 +411,7 @@ def _relative(value: object) -> object:
 
 def _git_commit() -> str:
     try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BASE_DIR
-        )
+        done = processes.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR)
         return done.stdout.strip() or "?"
     except OSError:
         return "?"

@@ -1,16 +1,14 @@
-"""The comparison report: a markdown table, a chart, and the README's marked block.
+"""The comparison report: a markdown table and a chart, written under reports/ (README.md links
+to them; nothing else is rewritten).
 
 Input is plain data: result rows (one per strategy and run) and ceilings, as compare builds
 them, so the writer can be tested and rerun on saved results (reports/compare.json).
 """
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-README_START = "<!-- bench:start -->"
-README_END = "<!-- bench:end -->"
 RUNS = ("bench hot", "bench throughput", "HTTP hot", "HTTP throughput")
 
 COLUMNS: list[tuple[str, str, str]] = [
@@ -203,32 +201,3 @@ def write_chart(
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
-
-
-def readme_block(results: Sequence[dict[str, Any]], context: dict[str, Any]) -> str:
-    columns = [
-        c
-        for c in COLUMNS
-        if c[0]
-        in {"strategy", "run", "requests_per_s", "grabs_per_s", "p99_ms", "oversold"}
-        | {"ceiling_ratio", "ceiling", "audit_ok"}
-    ]
-    return "\n".join(
-        [
-            f"Latest `make compare`: {context.get('finished_at', '?')}, commit "
-            f"{context.get('commit', '?')}, {context.get('cpus', '?')} CPUs "
-            f"(details and resources in [reports/compare.md](reports/compare.md)).",
-            "",
-            results_table(results, columns),
-        ]
-    )
-
-
-def rewrite_readme(path: Path, block: str) -> bool:
-    """Replace what lies between the bench markers; False when the markers are missing."""
-    text = path.read_text()
-    pattern = re.compile(re.escape(README_START) + r".*?" + re.escape(README_END), re.DOTALL)
-    if not pattern.search(text):
-        return False
-    path.write_text(pattern.sub(lambda _: f"{README_START}\n{block}\n{README_END}", text))
-    return True

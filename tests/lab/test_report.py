@@ -1,4 +1,4 @@
-"""The comparison report from given results: markdown, chart, README block, ceilings."""
+"""The comparison report from given results: markdown, chart, ceilings."""
 
 from redpack.lab import report
 from redpack.lab.compare import assign_ceilings, storage_bound
@@ -131,25 +131,3 @@ def test_chart_is_a_png(tmp_path):
 
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert path.stat().st_size > 10_000
-
-
-def test_readme_block_is_replaced_between_the_markers_only(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(
-        f"# title\nbefore\n{report.README_START}\nold table\n{report.README_END}\nafter\n"
-    )
-    block = report.readme_block(results(), {"finished_at": "2030-01-01", "cpus": 2})
-
-    assert report.rewrite_readme(readme, block)
-    text = readme.read_text()
-    assert "old table" not in text
-    assert text.startswith("# title\nbefore\n") and text.endswith("after\n")
-    assert "| redis_queue | bench throughput |" in text
-
-
-def test_readme_without_markers_is_left_alone(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# no markers\n")
-
-    assert not report.rewrite_readme(readme, "table")
-    assert readme.read_text() == "# no markers\n"

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redpack.allocation import Allocation
 from redpack.errors import RedpackError
 from redpack.lab.bench import BenchConfig, BenchError, run_bench
+from redpack.lab.results import BenchResult
 from redpack.money import to_cents
 from strategies import registry
 
@@ -86,17 +87,17 @@ class Command(BaseCommand):
         if not as_json and not registry.get(name).safe:
             self.stdout.write(f"note: {name} is unsafe; allowed for this bench run only")
         try:
-            figures = run_bench(config, progress=self._progress_bar() if show_progress else None)
+            result = run_bench(config, progress=self._progress_bar() if show_progress else None)
         except RedpackError as exc:
             hint = " (raise REDPACK_MAX_COUNT for larger activities)" if exc.field else ""
             raise CommandError(f"cannot send the bench activity: {exc.message}{hint}") from exc
         except BenchError as exc:
             raise CommandError(str(exc)) from exc
         if as_json:
-            self.stdout.write(json.dumps(figures))
+            self.stdout.write(json.dumps(result.to_dict()))
         else:
-            self._table(figures)
-        if not figures["audit_ok"] or figures["errors"]:
+            self._table(result)
+        if not result.audit_ok or result.errors:
             raise SystemExit(1)
 
     def _progress_bar(self):  # type: ignore[no-untyped-def]
@@ -117,13 +118,13 @@ class Command(BaseCommand):
 
         return show
 
-    def _table(self, figures: dict) -> None:
+    def _table(self, result: BenchResult) -> None:
         width = max(len(label) for _, label in SHOWN)
         for key, label in SHOWN:
-            value = figures.get(key)
+            value = getattr(result, key)
             shown = "n/a" if value is None else value
             self.stdout.write(f"{label:<{width}}  {shown}")
-        for violation in figures["violations"]:
+        for violation in result.violations:
             self.stdout.write(f"  VIOLATION: {violation}")
-        for message, count in figures["error_messages"].items():
+        for message, count in result.error_messages.items():
             self.stdout.write(f"  error ×{count}: {message}")

@@ -15,15 +15,9 @@ from django.db import connection
 
 from redpack import expiry, services
 from redpack.audit import audit_activity
+from redpack.lab.stats import percentile
 from redpack.lab.users import bench_sender, bench_users_ensure
 from redpack.models import Activity, Refund
-
-
-def percentile(values: list[float], share: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 class Command(BaseCommand):
@@ -128,9 +122,9 @@ class Command(BaseCommand):
             "seconds": round(seconds, 2),
             "refunds_per_s": round(refunds / seconds, 1),
             "grab_p50_ms_before": round(statistics.median(latencies["before"] or [0]), 2),
-            "grab_p99_ms_before": round(percentile(latencies["before"], 0.99), 2),
+            "grab_p99_ms_before": _ms(percentile(latencies["before"], 0.99)),
             "grab_p50_ms_during": round(statistics.median(latencies["during"] or [0]), 2),
-            "grab_p99_ms_during": round(percentile(latencies["during"], 0.99), 2),
+            "grab_p99_ms_during": _ms(percentile(latencies["during"], 0.99)),
             "grabs_during": len(latencies["during"]),
             "audit_ok": not violations and refunds == count,
         }
@@ -141,3 +135,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"{key:>22}  {value}")
         if not result["audit_ok"]:
             raise CommandError(f"{len(violations)} violations, {refunds} of {count} refunded")
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

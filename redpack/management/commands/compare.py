@@ -13,7 +13,7 @@ DEFAULTS = CompareConfig()
 class Command(BaseCommand):
     help = (
         "Compare every strategy (direct bench and Locust, hot and throughput) against this "
-        "machine's ceilings; write reports/compare.md, .png, .json and the README's bench block."
+        "machine's ceilings; write reports/compare.md, .png and .json."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -46,18 +46,16 @@ class Command(BaseCommand):
         parser.add_argument("--skip-bench", action="store_true")
         parser.add_argument("--skip-locust", action="store_true")
         parser.add_argument("--out-dir", type=Path, default=DEFAULTS.out_dir)
-        parser.add_argument("--no-readme", action="store_true", help="Leave README.md alone.")
 
     def handle(self, *args: object, **options: object) -> None:
         names = [n for n in str(options["strategies"]).split(",") if n]
         unknown = sorted(set(names) - set(registry.names()))
         if unknown:
             raise CommandError(f"unknown strategies {unknown}; configured: {registry.names()}")
-        keys = set(CompareConfig.__dataclass_fields__) - {"strategies", "readme", "command"}
+        keys = set(CompareConfig.__dataclass_fields__) - {"strategies", "command"}
         values = {k: options[k] for k in keys if k in options}
         config = CompareConfig(
             strategies=names,
-            readme=None if options["no_readme"] else DEFAULTS.readme,
             command=shlex.join(["manage.py", "compare", *sys.argv[2:]])
             if sys.argv[1:2] == ["compare"]
             else "manage.py compare",

@@ -1,0 +1,42 @@
+"""The lab's one definition of each figure: percentiles, success rate, shares.
+
+Every report (the direct bench, the Locust scenarios, the expiry storm) computes them here, so a
+p99 or a success rate means the same thing in every column it appears in.
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile: the smallest value at or above a share `q` of the values
+    (0 < q ≤ 1). None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def percentile_of_counts(counts: Mapping[float, int], q: float) -> float | None:
+    """The same nearest-rank percentile over a histogram {value: how many times} (Locust keeps
+    response times that way)."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= rank:
+            return float(value)
+    raise AssertionError("unreachable: the ranks add up to the total")
+
+
+def success_rate(*, requests: int, contended: int, failed: int) -> float | None:
+    """Share of the requests that got a final answer: not `contended`, not an error."""
+    return share(requests - contended - failed, requests)
+
+
+def share(part: float, whole: float) -> float | None:
+    """part / whole to four places; None when there is no whole."""
+    return round(part / whole, 4) if whole else None

@@ -1,0 +1,39 @@
+"""Starting and stopping child processes (redpack/lab/processes.py), with real processes."""
+
+import sys
+
+import psutil
+
+from redpack.lab import processes
+
+# A parent that starts a grandchild and then sleeps: stopping the parent must stop both.
+FAMILY = (
+    "import subprocess, sys, time;"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+    "print(child.pid, flush=True); time.sleep(600)"
+)
+
+
+def test_run_captures_output_and_the_exit_code():
+    done = processes.run([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"])
+    assert (done.returncode, done.stdout.strip()) == (3, "out")
+
+
+def test_run_kills_the_whole_group_when_it_outlives_its_timeout():
+    done = processes.run([sys.executable, "-c", FAMILY], timeout=5)
+    assert done.returncode < 0  # killed
+    grandchild = int(done.stdout.split()[0])
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
+
+
+def test_a_running_server_stops_with_everything_it_started(tmp_path):
+    server = processes.Running(
+        "family", [sys.executable, "-c", FAMILY], env={}, cwd=tmp_path, log=tmp_path / "log"
+    )
+    children = []
+    while not children and server.alive():
+        children = server.psutil.children()
+    server.stop()
+    assert not server.alive()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
