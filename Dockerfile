@@ -15,11 +15,14 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
+# The extras by role (pyproject.toml): the MySQL driver, and the lab for the Locust processes
+# and `manage.py compare`. A web/worker-only image: --build-arg EXTRAS=mysql.
+ARG EXTRAS=mysql,lab
 # Dependencies first, so code changes do not reinstall them.
 COPY pyproject.toml ./
 COPY redpack/__init__.py redpack/__init__.py
 COPY strategies/__init__.py strategies/__init__.py
-RUN pip install '.[mysql]'
+RUN pip install ".[${EXTRAS}]"
 COPY . .
 RUN pip install --no-deps . \
     && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0

@@ -12,18 +12,26 @@ WORKER_CONCURRENCY ?= 2
 # The MySQL driver compiles against the client headers (pkg-config, libmariadb-dev). Without
 # them the install leaves it out: `make run` falls back to SQLite, `make test` asks for them.
 MYSQL_HEADERS := $(shell pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists mariadb 2>/dev/null && echo yes)
-EXTRAS := $(if $(MYSQL_HEADERS),[dev],)
+MYSQL := $(if $(MYSQL_HEADERS),mysql,)
+comma := ,
+# Dependencies by role (pyproject.toml): each target installs the extras it needs, once per set
+# (a marker per set, redone when pyproject.toml changes).
+RUN_EXTRAS := run,lab$(if $(MYSQL),$(comma)$(MYSQL),)
+LAB_EXTRAS := lab$(if $(MYSQL),$(comma)$(MYSQL),)
 
 .PHONY: run test install lint typecheck clean compare
 
-$(VENV)/.installed: pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
+
+# .venv/.installed-<extras>: the project with those extras ("core" for none).
+$(VENV)/.installed-%: pyproject.toml | $(PY)
 	$(if $(MYSQL_HEADERS),,@echo "no MySQL client headers: installing without the MySQL driver (SQLite only)")
-	$(VENV)/bin/pip install --quiet -e '.$(EXTRAS)'
+	$(VENV)/bin/pip install --quiet -e '.$(if $(filter core,$*),,[$*])'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(RUN_EXTRAS)
 
 # A secret key of this checkout's own, written once; DEBUG stays off unless you set it.
 .env:
@@ -32,28 +40,28 @@ install: $(VENV)/.installed
 
 # Web, Celery worker, one Celery beat and the Locust UI under honcho (Procfile), on MariaDB and
 # Redis when they answer, else on embedded SQLite and Redis: see redpack/launch.py. Ctrl-C stops all.
-run: install .env
+run: $(VENV)/.installed-$(RUN_EXTRAS) .env
 	$(PY) -m redpack.launch run --host $(HOST) --port $(PORT) --locust-port $(LOCUST_PORT) \
 		--web-workers $(WEB_WORKERS) --web-threads $(WEB_THREADS) \
 		--worker-concurrency $(WORKER_CONCURRENCY)
 
-test: install
-	@$(PY) -c 'import MySQLdb, pytest' 2>/dev/null || $(VENV)/bin/pip install --quiet -e '.[dev]'
-	$(PY) -m pytest
+# The tests talk to the real MariaDB: they need the MySQL driver, hence its headers.
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Every strategy through the direct bench and Locust next to this machine's ceilings; writes
 # reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
 COMPARE_ARGS ?=
-compare: install .env
+compare: $(VENV)/.installed-$(LAB_EXTRAS) .env
 	$(PY) manage.py create_database
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py compare $(COMPARE_ARGS)
 
-lint: install
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: install
+typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy redpack strategies
 
 clean:

@@ -55,7 +55,7 @@ def test_app_services_get_the_same_variables_as_make_run():
     assert {"setup", "web", "worker", "beat", "locust-master", "locust-worker"} <= set(APP)
     for name, service in APP.items():
         assert set(service["environment"]) >= REQUIRED_ENV, name
-        assert service["build"] == "."
+        assert service["build"]["context"] == "."
     assert (REPO / "Dockerfile").exists()
 
 

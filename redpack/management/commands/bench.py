@@ -6,8 +6,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from redpack.allocation import Allocation
 from redpack.errors import RedpackError
-from redpack.lab.bench import BenchConfig, BenchError, run_bench
-from redpack.lab.results import BenchResult
+from redpack.lab import missing_extra
+
+try:
+    from redpack.lab.bench import BenchConfig, BenchError, run_bench
+    from redpack.lab.results import BenchResult
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc) from exc
 from redpack.money import to_cents
 from strategies import registry
 

@@ -4,7 +4,12 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redpack.lab.compare import Compare, CompareConfig
+from redpack.lab import missing_extra
+
+try:
+    from redpack.lab.compare import Compare, CompareConfig
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc) from exc
 from strategies import registry
 
 DEFAULTS = CompareConfig()
