@@ -1,4 +1,4 @@
-"""The auditor: checks the invariants of DESIGN.md for one activity, once writes have settled."""
+"""The auditor: checks the invariants of docs/design.md for one activity, once writes settled."""
 
 from collections import Counter
 from dataclasses import dataclass, field

@@ -10,8 +10,8 @@ Round trips per attempt: 2 reads, then UPDATE + INSERT + COMMIT; a lost race ret
 small jittered sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
 Failure mode: of all grabs that read one version, exactly one wins; the others retry, and each
 round again lets only one through. With fewer retries than rivals, grabbers are turned away
-with `contended` while packets remain (the seed's warning); the contract harness and README
-show how many.
+with `contended` while packets remain (the seed's warning); the contract harness and
+docs/strategies.md show how many.
 """
 
 from django.conf import settings
