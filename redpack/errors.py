@@ -4,6 +4,7 @@
 class RedpackError(Exception):
     status = 400
     code = "invalid"
+    retry_after: int | None = None  # seconds, sent as Retry-After
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -24,3 +25,12 @@ class InvalidInput(RedpackError):
 class Forbidden(RedpackError):
     status = 403
     code = "permission_denied"
+
+
+class OutcomeUnknown(RedpackError):
+    """A store's reply was lost and the outcome could not be settled at once: the request may
+    or may not have taken effect. The same user's retry converges to the one true answer."""
+
+    status = 503
+    code = "outcome_unknown"
+    retry_after = 1

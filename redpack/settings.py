@@ -9,6 +9,8 @@ from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import strategies
 
@@ -122,15 +124,25 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis holds locks, queues and hot packet state: it must run with maxmemory-policy noeviction.
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# Seconds to connect, and to wait for one reply, for the single Redis and the Redis Cluster alike.
+REDIS_CONNECT_TIMEOUT = env.float("REDIS_CONNECT_TIMEOUT", default=2.0)
+REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=5.0)
+# The clients re-send nothing by themselves (redis-py 6 would re-send any command, a grab script
+# included, up to 3 times on a dropped connection): a lost reply is settled where it can be
+# (strategies/redis_state/keys.py re-runs a grab script under the same attempt token).
+REDIS_RETRY = Retry(NoBackoff(), 0)
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            "CONNECTION_POOL_KWARGS": {"max_connections": env.int("REDIS_MAX_CONNECTIONS", 500)},
-            "SOCKET_CONNECT_TIMEOUT": 2,
-            "SOCKET_TIMEOUT": 5,
+            "CONNECTION_POOL_KWARGS": {
+                "max_connections": env.int("REDIS_MAX_CONNECTIONS", 500),
+                "retry": REDIS_RETRY,
+            },
+            "SOCKET_CONNECT_TIMEOUT": REDIS_CONNECT_TIMEOUT,
+            "SOCKET_TIMEOUT": REDIS_SOCKET_TIMEOUT,
         },
     }
 }
@@ -270,6 +282,8 @@ REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600
 REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
 # Their keys expire this many seconds after the activity does (or after it closes).
 REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
+# Times a grab script is sent again, under the same attempt, after its reply was lost (count).
+REDPACK_REDIS_GRAB_RERUNS = env.int("REDPACK_REDIS_GRAB_RERUNS", default=2)
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

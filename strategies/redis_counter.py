@@ -26,7 +26,8 @@ from redis.exceptions import LockError
 from .base import GrabResult, Outcome
 from .lua import redis_client, script
 from .redis_state import RedisStateStrategy
-from .redis_state.keys import Keys, now_ms
+from .redis_state.keys import Keys, new_attempt, now_ms
+from .steps import held_cents
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +59,22 @@ class RedisCounterStrategy(RedisStateStrategy):
         )
         if not lock.acquire():
             return GrabResult(Outcome.CONTENDED)
+        attempt = new_attempt()
         try:
-            outcome, mark, epoch = self.run_grab(
-                "counter_grab", activity_id, user_id, secrets.randbelow(2**31)
+            reply = self.run_grab(
+                "counter_grab", activity_id, user_id, attempt, secrets.randbelow(2**31)
             )
-            if outcome != "grabbed":
-                return self.answer(outcome, activity_id, mark)
-            assert mark is not None and epoch is not None
-            return self.record(activity_id, user_id, mark, epoch)
+            if reply.outcome == "grabbed":
+                return self.record(activity_id, user_id, reply, attempt)
+            if reply.outcome != "already_grabbed":
+                return self.answer(reply, activity_id)
+            held = held_cents(activity_id=activity_id, user_id=user_id)
+            if held is not None:
+                return GrabResult(Outcome.ALREADY_GRABBED, held)
+            # Held in Redis only, and this attempt holds the user's lock: the attempt that made
+            # the mark is over (it answered outcome_unknown, or died), or its lock expired
+            # mid-write; adopt() fences it either way.
+            return self.adopt(activity_id, user_id, reply, attempt)
         finally:
             try:
                 lock.release()

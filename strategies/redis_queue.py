@@ -10,8 +10,10 @@ removes the mark in one step: nothing is lost and the user may retry.
 What it locks: nothing in Redis (the script is the critical section); in MySQL, each winner's
 transaction ends on the hot activity row. What it checks twice: a repeated click that finds the
 user's mark answers `already_grabbed` once MySQL holds the first click's row, waiting while that
-write is in flight, so a write that then fails was never reported. Round trips: one EVALSHA,
-plus one MySQL transaction per winner (≤ total count); losers never touch MySQL.
+write is in flight, so a write that then fails was never reported; a mark no write follows
+(its attempt lost its reply, or died) is taken over and written by the repeated click. Round
+trips: one EVALSHA, plus one MySQL transaction per winner (≤ total count); losers never touch
+MySQL.
 """
 
 import time
@@ -20,6 +22,7 @@ from redpack.models import Activity
 
 from .base import GrabResult, Outcome
 from .redis_state import RedisStateStrategy
+from .redis_state.keys import new_attempt
 from .steps import held_cents, split_into_packets
 
 DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
@@ -38,20 +41,22 @@ class RedisQueueStrategy(RedisStateStrategy):
         super().prepare(activity)
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        attempt = new_attempt()
         give_up = time.monotonic() + DUPLICATE_WAIT_SECONDS
         pause = 0.005
         while True:
-            outcome, mark, epoch = self.run_grab("queue_grab", activity_id, user_id)
-            if outcome == "grabbed":
-                assert mark is not None and epoch is not None
-                return self.record(activity_id, user_id, mark, epoch)
-            if outcome != "already_grabbed":
-                return self.answer(outcome, activity_id, mark)
+            reply = self.run_grab("queue_grab", activity_id, user_id, attempt)
+            if reply.outcome == "grabbed":
+                return self.record(activity_id, user_id, reply, attempt)
+            if reply.outcome != "already_grabbed":
+                return self.answer(reply, activity_id)
             held = held_cents(activity_id=activity_id, user_id=user_id)
             if held is not None:
                 return GrabResult(Outcome.ALREADY_GRABBED, held)
             if time.monotonic() >= give_up:
-                return GrabResult(Outcome.CONTENDED)
+                # No write came: the attempt that made the mark lost its reply (and answered
+                # outcome_unknown) or died. This one writes it, fenced (adopt).
+                return self.adopt(activity_id, user_id, reply, attempt)
             # The first click is still writing MySQL (or giving its packet back): back off, so
             # repeated clicks do not pile queries on the database the first one is waiting for.
             time.sleep(pause)

@@ -9,6 +9,7 @@
   grab rows, in the lock order below.
 - `claim_packet`, `split_into_packets`: the pre-split packets (t_redpack).
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
+- `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
 
 Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
 activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
@@ -23,12 +24,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from redpack import allocation
-from redpack.errors import Forbidden
+from redpack.errors import Forbidden, OutcomeUnknown
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
 
@@ -80,6 +81,27 @@ def held_marks(*, activity_id: int, user_ids: Iterable[int] | None = None) -> di
         user_id: GrabRow(user_id, to_cents(amount), packet_id)
         for user_id, amount, packet_id in rows.values_list("user_id", "amount", "redpack_id")
     }
+
+
+def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
+    """The user's grab row, read after a write whose outcome is unknown: its connection dropped,
+    maybe during COMMIT, so the transaction may have committed or not.
+
+    Asked on a fresh connection, behind the activity's row lock: a transaction the server is
+    still committing holds that lock until it is done (every writer takes it first, see the
+    module docstring), so the answer is final. OutcomeUnknown when MySQL cannot be asked.
+    """
+    if connection.in_atomic_block:
+        raise OutcomeUnknown("a grab's write failed inside an outer transaction")
+    connection.close_if_unusable_or_obsolete()  # the one that failed: reconnect
+    try:
+        with transaction.atomic():
+            Activity.objects.select_for_update().filter(pk=activity_id).values_list("pk").first()
+            return held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
+    except DatabaseError as exc:
+        raise OutcomeUnknown(
+            "the grab's write was cut off and MySQL does not answer; retry to learn the outcome"
+        ) from exc
 
 
 def after_duplicate(*, activity_id: int, user_id: int, error: IntegrityError) -> GrabResult:

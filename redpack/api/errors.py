@@ -20,7 +20,9 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RedpackError):
         fields = {exc.field: [exc.message]} if exc.field else {}
-        return Response(error_body(exc.code, exc.message, fields), status=exc.status)
+        headers = None if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+        body = error_body(exc.code, exc.message, fields)
+        return Response(body, status=exc.status, headers=headers)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -24,7 +24,13 @@ SCRIPTS = Path(__file__).resolve().parent
 @cache
 def redis_client() -> Redis | RedisCluster:
     if settings.REDPACK_REDIS_CLUSTER_URL:
-        return RedisCluster.from_url(settings.REDPACK_REDIS_CLUSTER_URL)
+        # The same timeouts and retry policy as the single Redis (settings.CACHES).
+        return RedisCluster.from_url(
+            settings.REDPACK_REDIS_CLUSTER_URL,
+            socket_connect_timeout=settings.REDIS_CONNECT_TIMEOUT,
+            socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
+            retry=settings.REDIS_RETRY,
+        )
     return get_redis_connection("default")
 
 

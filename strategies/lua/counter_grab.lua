@@ -3,11 +3,15 @@
 -- user -> amount, decrement. Winning and "how much" happen in the same atomic step.
 --
 -- KEYS[1] meta, KEYS[2] count, KEYS[3] grabbed (layout: install.lua)
--- ARGV[1] user_id, ARGV[2] now_ms, ARGV[3] seed for math.random (< 2^31, fresh per call:
---         Redis 7 seeds the scripts' generator with a constant at start-up, so without it every
---         restart would replay the same amounts, on every node alike)
--- Returns {outcome, mark, epoch}; outcome is 'grabbed' (mark = "cents" just drawn),
--- 'already_grabbed' (mark = what the user holds), 'sold_out', 'closed', 'missing' (no state)
+-- ARGV[1] user_id, ARGV[2] now_ms, ARGV[3] attempt (a token fresh per grab call, kept beside the
+--         mark as "mark|attempt": a re-run of the same attempt after a lost reply gets the same
+--         answer, never a second amount and never `already_grabbed`),
+-- ARGV[4] seed for math.random (< 2^31, fresh per call: Redis 7 seeds the scripts' generator
+--         with a constant at start-up, so without it every restart would replay the same
+--         amounts, on every node alike)
+-- Returns {outcome, mark, epoch[, holder]}; outcome is 'grabbed' (mark = "cents" drawn by this
+-- attempt), 'already_grabbed' (mark = what the user holds, holder = the attempt that drew it,
+-- '' after a rebuild from MySQL), 'sold_out', 'closed', 'missing' (no state)
 
 -- Integer cents in Lua's doubles: exact below 2^53; the quotients below stay far from that.
 local function draw(allocation, remaining, count)
@@ -51,12 +55,19 @@ local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'dead
 if not meta[1] then
   return {'missing'}
 end
+local held = redis.call('HGET', KEYS[3], ARGV[1])
+local mark, holder
+if held then
+  mark, holder = string.match(held, '^([^|]*)|?(.*)$')
+  if holder == ARGV[3] then
+    return {'grabbed', mark, meta[3]} -- this attempt ran before and its reply was lost
+  end
+end
 if meta[1] ~= 'open' or tonumber(ARGV[2]) >= tonumber(meta[2]) then
   return {'closed'}
 end
-local mark = redis.call('HGET', KEYS[3], ARGV[1])
-if mark then
-  return {'already_grabbed', mark, meta[3]}
+if held then
+  return {'already_grabbed', mark, meta[3], holder}
 end
 local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count <= 0 then
@@ -66,12 +77,12 @@ local remaining = tonumber(meta[6])
 if remaining < count then
   return redis.error_reply('remaining cents below remaining count: state is corrupt')
 end
-math.randomseed(tonumber(ARGV[3]))
+math.randomseed(tonumber(ARGV[4]))
 local cents = draw(meta[5], remaining, count)
 if type(cents) == 'table' then
   return cents -- the error reply of draw()
 end
-redis.call('HSET', KEYS[3], ARGV[1], cents)
+redis.call('HSET', KEYS[3], ARGV[1], cents .. '|' .. ARGV[3])
 redis.call('PEXPIREAT', KEYS[3], meta[4])
 redis.call('DECR', KEYS[2])
 redis.call('HINCRBY', KEYS[1], 'remaining_cents', -cents)

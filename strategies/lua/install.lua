@@ -5,7 +5,8 @@
 -- KEYS[1] meta     hash: epoch, status (open|closed), expires_ms, deadline_ms, allocation,
 --                        remaining_cents
 -- KEYS[2] count    string: packets remaining (the counter)
--- KEYS[3] grabbed  hash: user_id -> mark, "cents" or "cents:packet_id"
+-- KEYS[3] grabbed  hash: user_id -> mark, "cents" or "cents:packet_id", then "|attempt" for a
+--                  grab made in Redis (none for one rebuilt from MySQL)
 -- KEYS[4] packets  list: "cents:packet_id" still to grab, popped from the head (redis_queue)
 -- KEYS[5] persist  stream (redis_queue_async only): grabs not yet in MySQL. While it holds any,
 --                  MySQL is not the whole truth: nothing is installed and 0 is returned. It is

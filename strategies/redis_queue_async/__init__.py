@@ -44,7 +44,7 @@ from ..base import (
 from ..lua import script
 from ..redis_queue import RedisQueueStrategy
 from ..redis_state.audit import Snapshot
-from ..redis_state.keys import Keys, now_ms, parse_mark
+from ..redis_state.keys import Keys, new_attempt, now_ms, parse_mark
 from ..redis_state.rebuild import Recorded
 from ..steps import close_row_locked
 from . import persister, stream
@@ -82,11 +82,13 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         return True
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        outcome, mark, _ = self.run_grab("queue_grab", activity_id, user_id)
-        if outcome == "grabbed":
-            assert mark is not None
-            return GrabResult(Outcome.GRABBED, parse_mark(mark)[0])
-        return self.answer(outcome, activity_id, mark)
+        # In the stream is durable: a mark made by an earlier attempt (even one whose reply was
+        # lost) is on its way to MySQL, so `already_grabbed` needs no check.
+        reply = self.run_grab("queue_grab", activity_id, user_id, new_attempt())
+        if reply.outcome == "grabbed":
+            assert reply.mark is not None
+            return GrabResult(Outcome.GRABBED, parse_mark(reply.mark)[0])
+        return self.answer(reply, activity_id)
 
     def close(self, *, activity_id: int) -> CloseResult:
         """Close in Redis, where the truth is: what it holds then is what is left, once the

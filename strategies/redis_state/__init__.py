@@ -23,15 +23,16 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
 from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
 from ..lua import redis_client, script
 from ..steps import close_row_locked
 from .audit import Snapshot, capped, differences
-from .keys import Keys, now_ms, parse_mark, run_grab
+from .keys import GrabReply, Keys, now_ms, parse_mark, run_grab
 from .rebuild import Recorded, install
 from .rows import write_grab
 
@@ -75,19 +76,44 @@ class RedisStateStrategy(GrabStrategy):
         self.install(activity_id)
 
     def run_grab(
-        self, name: str, activity_id: int, user_id: int, *extra: int
-    ) -> tuple[str, str | None, str | None]:
-        """Run a grab script: (outcome, mark, epoch of the state it ran on)."""
-        return run_grab(name, self.state_keys(activity_id), user_id, *extra)
+        self, name: str, activity_id: int, user_id: int, attempt: str, *extra: int
+    ) -> GrabReply:
+        """Run a grab script for one attempt (keys.run_grab settles a lost reply)."""
+        return run_grab(name, self.state_keys(activity_id), user_id, attempt, *extra)
 
-    def answer(self, outcome: str, activity_id: int, mark_text: str | None) -> GrabResult:
+    def answer(self, reply: GrabReply, activity_id: int) -> GrabResult:
         """The answer for a grab script's refusal."""
-        if outcome == "already_grabbed":
-            assert mark_text is not None
-            return GrabResult(Outcome.ALREADY_GRABBED, parse_mark(mark_text)[0])
-        if outcome == "missing":
+        if reply.outcome == "already_grabbed":
+            assert reply.mark is not None
+            return GrabResult(Outcome.ALREADY_GRABBED, parse_mark(reply.mark)[0])
+        if reply.outcome == "missing":
             return self.without_state(activity_id)
-        return GrabResult(Outcome(outcome))
+        return GrabResult(Outcome(reply.outcome))
+
+    def adopt(self, activity_id: int, user_id: int, reply: GrabReply, attempt: str) -> GrabResult:
+        """Write the grab an earlier attempt of this user made in Redis but is not known to
+        have written to MySQL: its reply was lost (it answered outcome_unknown) or it died.
+
+        The mark first passes to this attempt (lua/adopt.lua), so the earlier one can no
+        longer give it back; then this attempt writes the same row. Should the earlier one
+        still be writing, UNIQUE (activity, user) keeps one row and both answer `grabbed`.
+        """
+        assert reply.mark is not None and reply.epoch is not None
+        try:
+            taken = script("adopt")(
+                keys=self.state_keys(activity_id)[:3],
+                args=[user_id, reply.mark, reply.holder or "", attempt],
+            )
+        except (ConnectionError, TimeoutError) as exc:
+            raise OutcomeUnknown("Redis does not answer; retry to learn the outcome") from exc
+        if not taken:
+            return GrabResult(Outcome.CONTENDED)  # the mark changed meanwhile
+        logger.warning(
+            "activity %s: user %s's grab was held in Redis only; written by a later attempt",
+            activity_id,
+            user_id,
+        )
+        return self.record(activity_id, user_id, reply, attempt)
 
     def without_state(self, activity_id: int) -> GrabResult:
         row = Activity.objects.filter(pk=activity_id).values_list("status", "expires_at").first()
@@ -101,10 +127,15 @@ class RedisStateStrategy(GrabStrategy):
         )
         return GrabResult(Outcome.CONTENDED)
 
-    def record(self, activity_id: int, user_id: int, mark_text: str, epoch: str) -> GrabResult:
+    def record(self, activity_id: int, user_id: int, reply: GrabReply, attempt: str) -> GrabResult:
         """Write the grab Redis decided to MySQL before answering (rows.py)."""
+        assert reply.mark is not None and reply.epoch is not None
         return write_grab(
-            activity_id=activity_id, user_id=user_id, mark_text=mark_text, epoch=epoch
+            activity_id=activity_id,
+            user_id=user_id,
+            mark_text=reply.mark,
+            epoch=reply.epoch,
+            attempt=attempt,
         )
 
     def close(self, *, activity_id: int) -> CloseResult:

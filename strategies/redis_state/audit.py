@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from redpack.money import from_cents
 
 from ..lua import script
-from .keys import parse_mark
+from .keys import parse_mark, split_held
 from .rebuild import Recorded
 
 MAX_DIFFERENCES = 20  # the auditor names this many differences, then counts the rest
@@ -19,7 +19,7 @@ class Snapshot:
 
     meta: dict[str, str]
     count: int | None
-    grabbed: dict[str, str]  # user id -> mark
+    grabbed: dict[str, str]  # user id -> mark (without the attempt that made it)
     packets: list[str]
     ttls: list[int]  # of each key, in order: -2 missing, -1 no expiry
     stream: list[tuple[str, dict[str, str]]]  # the persist stream's entries, when it was read
@@ -30,7 +30,7 @@ class Snapshot:
         return cls(
             meta=_pairs(meta),
             count=None if count is None else int(count),
-            grabbed=_pairs(grabbed),
+            grabbed={user: split_held(held)[0] for user, held in _pairs(grabbed).items()},
             packets=[entry.decode() for entry in packets],
             ttls=[int(ttl) for ttl in ttls],
             stream=[(entry_id.decode(), _pairs(fields)) for entry_id, fields in stream[0]]

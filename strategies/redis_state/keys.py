@@ -4,14 +4,24 @@ Keys of one activity share the hash tag `rp:{<id>}:`, so every script touches on
 unchanged on Redis Cluster: `rp:{42}:meta`, `rp:{42}:count`, `rp:{42}:grabbed`,
 `rp:{42}:packets` (lua/install.lua describes each), the per-user locks `rp:{42}:lock:<user>`
 and redis_queue_async's persist stream `rp:{42}:persist`. A grab is recorded in Redis as a
-mark, `cents[:packet_id]`, which is also how redis_queue lists a packet.
+mark, `cents[:packet_id]`, which is also how redis_queue lists a packet, followed in the grabbed
+hash by `|attempt`, the token of the grab call that made it.
 """
 
+import logging
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
+from redis.exceptions import ConnectionError, TimeoutError
+
+from redpack.errors import OutcomeUnknown
+
 from ..lua import script
+
+logger = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -60,10 +70,47 @@ def parse_mark(text: str) -> tuple[int, int | None]:
     return int(cents), int(packet_id) if packet_id else None
 
 
-def run_grab(
-    name: str, keys: list[str], user_id: int, *extra: int
-) -> tuple[str, str | None, str | None]:
-    """Run a grab script (lua/<name>.lua): (outcome, mark, epoch of the state it ran on)."""
-    reply = script(name)(keys=keys, args=[user_id, now_ms(), *extra])
-    outcome, mark_text, epoch = [part.decode() for part in reply] + [None] * (3 - len(reply))
-    return outcome, mark_text, epoch
+def split_held(held: str) -> tuple[str, str]:
+    """A grabbed-hash value: (mark, the attempt that made it; '' for a mark rebuilt from MySQL)."""
+    mark_text, _, attempt = held.partition("|")
+    return mark_text, attempt
+
+
+def new_attempt() -> str:
+    """A token for one grab call: its script runs, and re-runs, under it."""
+    return secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class GrabReply:
+    """What a grab script answered (lua/counter_grab.lua, lua/queue_grab.lua)."""
+
+    outcome: str
+    mark: str | None = None
+    epoch: str | None = None  # of the state it ran on
+    holder: str | None = None  # already_grabbed: the attempt that made the mark
+
+
+def run_grab(name: str, keys: list[str], user_id: int, attempt: str, *extra: int) -> GrabReply:
+    """Run a grab script (lua/<name>.lua) for one attempt, settling a lost reply.
+
+    Outcome unknown: when the connection drops or times out after the request left, the script
+    may have run. The scripts are idempotent per attempt, so the same call is sent again on a
+    new connection (REDPACK_REDIS_GRAB_RERUNS times): it returns the first run's answer, never
+    a second packet. The client itself re-sends nothing (settings: its retries are off). If
+    Redis still does not answer, OutcomeUnknown (503 with Retry-After): the mark may be in
+    Redis, and the user's retry converges on it (RedisStateStrategy.adopt).
+    """
+    args: list[int | str] = [user_id, now_ms(), attempt, *extra]
+    for run in range(settings.REDPACK_REDIS_GRAB_RERUNS + 1):
+        try:
+            reply = script(name)(keys=keys, args=args)
+        except (ConnectionError, TimeoutError) as exc:
+            logger.warning("%s: reply %d lost (%s); the outcome is unknown", name, run + 1, exc)
+            lost = exc
+            continue
+        parts = [part.decode() for part in reply]
+        return GrabReply(*parts)
+    raise OutcomeUnknown(
+        "the grab's reply was lost and Redis does not answer; retry to learn the outcome"
+    ) from lost

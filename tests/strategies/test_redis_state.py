@@ -262,7 +262,7 @@ def test_redis_counter_first_draw_has_the_allocations_mean(
         far = now_ms() + 60_000
         script("install")(keys=keys, args=["e", "open", far, far, allocation, count, remaining, 0])
         reply = script("counter_grab")(
-            keys=keys, args=[user_id, now_ms(), secrets.randbelow(2**31)]
+            keys=keys, args=[user_id, now_ms(), "attempt", secrets.randbelow(2**31)]
         )
         draws.append(int(reply[1]))
     assert min(draws) >= 1 and max(draws) <= remaining - (count - 1)
@@ -279,7 +279,7 @@ def test_redis_counter_draws_follow_the_seed_python_passes(make_users, sender):
 
     def amounts(activity: Activity, first_seed: int) -> list[int]:
         marks = [
-            strategy.run_grab("counter_grab", activity.pk, user.pk, first_seed + i)[1]
+            strategy.run_grab("counter_grab", activity.pk, user.pk, f"t{i}", first_seed + i).mark
             for i, user in enumerate(users)
         ]
         return [int(mark) for mark in marks]

@@ -3,12 +3,10 @@ the middle of a batch, and cut off from MySQL. Real processes, real MariaDB and 
 
 import os
 import signal
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from strategies.base import Outcome
 from strategies.redis_queue_async import stream
 from strategies.redis_state.keys import Keys
 from tests import servers
-from tests.servers import free_port
+from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,65 +165,11 @@ def test_sigkill_mid_batch_then_restart_writes_every_grab_once(
     assert_exactly_once(activity, answers)
 
 
-class CuttableProxy:
-    """A TCP proxy to MySQL that a test can cut (every connection dropped, new ones refused)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.port = free_port()
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.listening = threading.Event()
-        self.restore()
-
-    def restore(self) -> None:
-        server = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: same port
-        server.settimeout(0.1)
-        self.listening.set()
-        self.acceptor = threading.Thread(target=self._accept, args=(server,), daemon=True)
-        self.acceptor.start()
-
-    def cut(self) -> None:
-        self.listening.clear()
-        self.acceptor.join()  # the listening socket is closed: connects are refused
-        with self.lock:
-            for sock in self.sockets:
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self.sockets.clear()
-
-    def _accept(self, server: socket.socket) -> None:
-        with server:
-            while self.listening.is_set():
-                try:
-                    client, _ = server.accept()
-                except TimeoutError:
-                    continue
-                upstream = socket.create_connection(self.target)
-                with self.lock:
-                    self.sockets += [client, upstream]
-                for source, sink in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-
 def test_mysql_unavailable_grabs_are_answered_then_drain_when_it_returns(
     make_users, sender, tmp_path
 ):
     db = settings.DATABASES["default"]
-    proxy = CuttableProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 3306)))
+    proxy = FaultProxy((db["HOST"] or "127.0.0.1", int(db["PORT"] or 3306)))
     through_proxy = f"mysql://{db['USER']}:{db['PASSWORD']}@127.0.0.1:{proxy.port}/{db['NAME']}"
     activity = send(sender, 40)
     users = make_users(40)

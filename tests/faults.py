@@ -1,0 +1,142 @@
+"""A TCP proxy that injects the faults of a real network between a client and MariaDB or Redis.
+
+- `cut()`: every connection dropped, new ones refused, until `restore()`.
+- `drop_reply(trigger, times=1)`: the next request whose bytes contain `trigger` is forwarded,
+  its reply is read from the server (so the server surely acted on it) and thrown away, and the
+  connection is closed: the client sees the connection drop with the outcome unknown. For
+  Redis, trigger on a script's SHA1 (its EVALSHA); for MariaDB, on b"COMMIT".
+  With `then_cut`, the proxy is cut (as `cut()`) before the client learns of the drop: asking
+  the server what happened fails too.
+- `cut_before(trigger, times=1)`: the connection is closed instead of forwarding the request:
+  the server never sees it.
+
+The proxy works on whole reads of the client's socket; the clients used here (redis-py,
+mysqlclient) send each command in one write, small enough for one read.
+"""
+
+import socket
+import threading
+from contextlib import suppress
+from dataclasses import dataclass
+
+from tests.servers import free_port
+
+
+@dataclass
+class _Fault:
+    trigger: bytes
+    times: int
+    forward: bool  # drop the reply (True) or cut before the request reaches the server
+    then_cut: bool = False
+
+
+class FaultProxy:
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = free_port()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.listening = threading.Event()
+        self.fault: _Fault | None = None
+        self.fired = 0  # faults injected so far
+        self.restore()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def restore(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: same port
+        server.settimeout(0.1)
+        self.listening.set()
+        self.acceptor = threading.Thread(target=self._accept, args=(server,), daemon=True)
+        self.acceptor.start()
+
+    def cut(self) -> None:
+        self.listening.clear()
+        self.acceptor.join()  # the listening socket is closed: connects are refused
+        with self.lock:
+            for sock in self.sockets:
+                _close(sock)
+            self.sockets.clear()
+
+    def drop_reply(self, trigger: bytes, times: int = 1, *, then_cut: bool = False) -> None:
+        with self.lock:
+            self.fault = _Fault(trigger, times, forward=True, then_cut=then_cut)
+
+    def cut_before(self, trigger: bytes, times: int = 1) -> None:
+        with self.lock:
+            self.fault = _Fault(trigger, times, forward=False)
+
+    def heal(self) -> None:
+        """No more faults (those armed and not yet fired are forgotten)."""
+        with self.lock:
+            self.fault = None
+
+    def _take_fault(self, data: bytes) -> _Fault | None:
+        with self.lock:
+            fault = self.fault
+            if fault is None or fault.trigger not in data:
+                return None
+            fault.times -= 1
+            if fault.times <= 0:
+                self.fault = None
+            self.fired += 1
+            return fault
+
+    def _accept(self, server: socket.socket) -> None:
+        with server:
+            while self.listening.is_set():
+                try:
+                    client, _ = server.accept()
+                except TimeoutError:
+                    continue
+                upstream = socket.create_connection(self.target)
+                with self.lock:
+                    self.sockets += [client, upstream]
+                swallow: list[_Fault] = []  # the fault whose reply is now dropped
+                for pump, args in (
+                    (self._requests, (client, upstream, swallow)),
+                    (self._replies, (upstream, client, swallow)),
+                ):
+                    threading.Thread(target=pump, args=args, daemon=True).start()
+
+    def _requests(
+        self, client: socket.socket, upstream: socket.socket, swallow: list[_Fault]
+    ) -> None:
+        try:
+            while data := client.recv(65536):
+                fault = self._take_fault(data)
+                if fault is None:
+                    upstream.sendall(data)
+                elif fault.forward:
+                    swallow.append(fault)  # before the server can answer
+                    upstream.sendall(data)
+                    return  # _replies closes both once the answer arrived
+                else:
+                    break
+        except OSError:
+            pass
+        _close(client)
+        _close(upstream)
+
+    def _replies(
+        self, upstream: socket.socket, client: socket.socket, swallow: list[_Fault]
+    ) -> None:
+        try:
+            while data := upstream.recv(65536):
+                if swallow:  # the server acted and answered; the client never hears it
+                    if swallow[0].then_cut:
+                        self.cut()
+                    break
+                client.sendall(data)
+        except OSError:
+            pass
+        _close(client)
+        _close(upstream)
+
+
+def _close(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

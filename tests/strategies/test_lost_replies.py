@@ -1,0 +1,180 @@
+"""Lost replies and in-doubt commits on the Redis strategies, through a fault-injecting TCP proxy
+in front of the real Redis or MariaDB (tests/faults.py): a grab is never invented, stranded in
+Redis or lost, and a user never ends up with two rows."""
+
+from collections.abc import Iterator
+from decimal import Decimal
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack import services
+from redpack.audit import audit_activity
+from redpack.errors import OutcomeUnknown
+from redpack.models import Activity, GrabDetail
+from redpack.money import to_cents
+from strategies import registry
+from strategies.base import Outcome
+from strategies.lua import script
+from tests.faults import FaultProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GRAB_SCRIPTS = {
+    "redis_counter": "counter_grab",
+    "redis_queue": "queue_grab",
+    "redis_queue_async": "queue_grab",
+}
+SYNC = ["redis_counter", "redis_queue"]  # they write MySQL before they answer
+
+
+@pytest.fixture
+def redis_proxy(settings) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
+    """Every Redis command of the app, the strategies' scripts included, through the proxy."""
+    url = urlsplit(settings.CACHES["default"]["LOCATION"])
+    proxy = FaultProxy((url.hostname or "127.0.0.1", url.port or 6379))
+    caches = {name: {**conf} for name, conf in settings.CACHES.items()}
+    caches["default"]["LOCATION"] = urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    settings.CACHES = caches  # the strategies' client and scripts follow (strategies/lua)
+    yield proxy
+    proxy.cut()
+
+
+@pytest.fixture
+def mysql_proxy() -> Iterator[FaultProxy]:
+    """This thread's MySQL connection through the proxy."""
+    params = connection.settings_dict
+    proxy = FaultProxy((params["HOST"] or "127.0.0.1", int(params["PORT"] or 3306)))
+    saved = (params["HOST"], params["PORT"])
+    connection.close()
+    params["HOST"], params["PORT"] = "127.0.0.1", str(proxy.port)
+    yield proxy
+    connection.close()
+    params["HOST"], params["PORT"] = saved
+    proxy.cut()
+
+
+def send(sender, strategy: str, count: int = 3) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk, total_amount=Decimal("3.00"), total_count=count, strategy=strategy
+    )
+
+
+def settled_rows(activity: Activity) -> dict[int, int]:
+    """user -> cents in MySQL, once every acknowledged grab reached it."""
+    assert registry.get(activity.strategy).settle(activity_id=activity.pk, timeout=10)
+    return {
+        row.user_id: to_cents(row.amount) for row in GrabDetail.objects.filter(activity=activity)
+    }
+
+
+def assert_consistent(activity: Activity) -> None:
+    activity.refresh_from_db()
+    report = audit_activity(activity)
+    assert report.ok, report.violations
+
+
+def grab_script_sha(strategy: str) -> bytes:
+    return script(GRAB_SCRIPTS[strategy]).sha.encode()
+
+
+@pytest.mark.parametrize("strategy", list(GRAB_SCRIPTS))
+def test_a_lost_reply_is_settled_by_running_the_same_attempt_again(
+    strategy, redis_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    user, other = make_users(2)
+    redis_proxy.drop_reply(grab_script_sha(strategy))
+
+    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+
+    assert redis_proxy.fired == 1  # the script ran, its reply never came
+    assert first.outcome is Outcome.GRABBED  # not already_grabbed: it is this attempt's grab
+    again = services.grab(activity_id=activity.pk, user_id=user.pk)
+    assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, first.amount_cents)
+    assert services.grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    rows = settled_rows(activity)
+    assert rows[user.pk] == first.amount_cents and len(rows) == 2
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", list(GRAB_SCRIPTS))
+def test_replies_lost_for_good_answer_unknown_and_the_retry_converges(
+    strategy, redis_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    runs = django_settings.REDPACK_REDIS_GRAB_RERUNS + 1
+    redis_proxy.drop_reply(grab_script_sha(strategy), times=runs)
+
+    response = client.post(f"/api/activities/{activity.pk}/grab/")
+
+    assert redis_proxy.fired == runs
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "outcome_unknown"
+    assert int(response["Retry-After"]) >= 1
+    retry = client.post(f"/api/activities/{activity.pk}/grab/")
+    assert retry.status_code == 200
+    body = retry.json()
+    # The grab the lost replies made is the one the user holds; the retry took no second one.
+    assert body["outcome"] in {"grabbed", "already_grabbed"}
+    rows = settled_rows(activity)
+    assert rows == {user.pk: to_cents(Decimal(body["amount"]))}
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", SYNC)
+def test_a_commit_whose_reply_was_lost_is_answered_grabbed(
+    strategy, mysql_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    user, other = make_users(2)
+    mysql_proxy.drop_reply(b"COMMIT")
+
+    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+
+    assert mysql_proxy.fired == 1
+    assert first.outcome is Outcome.GRABBED  # committed: not given back to Redis
+    assert settled_rows(activity) == {user.pk: first.amount_cents}
+    assert services.grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", SYNC)
+def test_a_commit_that_never_reached_mysql_is_given_back(strategy, mysql_proxy, make_users, sender):
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    mysql_proxy.cut_before(b"COMMIT")
+
+    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+
+    assert mysql_proxy.fired == 1
+    assert first.outcome is Outcome.CONTENDED  # nothing granted, and Redis has it back
+    assert settled_rows(activity) == {}
+    assert_consistent(activity)
+    retry = services.grab(activity_id=activity.pk, user_id=user.pk)
+    assert retry.outcome is Outcome.GRABBED
+    assert settled_rows(activity) == {user.pk: retry.amount_cents}
+    assert_consistent(activity)
+
+
+def test_the_outcome_stays_unknown_while_mysql_cannot_be_asked(mysql_proxy, make_users, sender):
+    activity = send(sender, "redis_counter")
+    (user,) = make_users(1)
+    mysql_proxy.drop_reply(b"COMMIT", then_cut=True)
+
+    with pytest.raises(OutcomeUnknown):
+        services.grab(activity_id=activity.pk, user_id=user.pk)
+
+    mysql_proxy.restore()
+    retry = services.grab(activity_id=activity.pk, user_id=user.pk)
+    # The commit landed: the retry finds the row (and the mark Redis kept) and answers with it.
+    assert retry.outcome is Outcome.ALREADY_GRABBED
+    assert settled_rows(activity) == {user.pk: retry.amount_cents}
+    assert_consistent(activity)
