@@ -1,5 +1,10 @@
 """What /healthz reports: the database, Redis, the Celery broker, the worker heartbeat, persist lag.
 
+Anyone may ask /healthz: it says `ok`, `degraded` or `down` and nothing else, from four probes
+that cost the same however many activities there are, taken at most once per CACHE_SECONDS per
+process. The details (each probe's result and error text, the persist lag and the strategies'
+sections, whose cost grows with the activities) are for staff: /healthz/details.
+
 - database and Redis are needed to answer grabs: either one down means 503.
 - broker and worker are needed for expiry, refunds and (async strategies) persistence: either
   one down means `degraded`, still 200, since grabs are answered.
@@ -11,6 +16,7 @@
   oldest one's age), from the same reading.
 """
 
+import threading
 import time
 from typing import Any
 
@@ -24,6 +30,10 @@ from strategies import registry
 HEARTBEAT_KEY = "rp:heartbeat:worker"
 STALE_BEATS = 4  # heartbeats missed before the worker counts as stale
 PROBE_TIMEOUT = 2.0
+CACHE_SECONDS = 1.0  # how old the anonymous verdict may be
+clock = time.monotonic  # what the cache ages by (tests set it)
+_verdict_lock = threading.Lock()
+_verdict: tuple[float, tuple[str, int]] | None = None
 
 
 def record_heartbeat() -> None:
@@ -89,31 +99,54 @@ def check_worker(age: float | None) -> str:
     return "ok"
 
 
-def report() -> tuple[dict[str, Any], int]:
-    """The health document and its HTTP status."""
-    age = heartbeat_age()
-    checks = {
+def checks(age: float | None) -> dict[str, str]:
+    return {
         "database": check_database(),
         "redis": check_redis(),
         "broker": check_broker(),
         "worker": check_worker(age),
     }
+
+
+def judge(results: dict[str, str]) -> tuple[str, int]:
+    if results["database"] != "ok" or results["redis"] != "ok":
+        return "down", 503
+    if results["broker"] != "ok" or results["worker"] != "ok":
+        return "degraded", 200
+    return "ok", 200
+
+
+def verdict() -> tuple[str, int]:
+    """`ok`, `degraded` or `down` and the HTTP status, at most CACHE_SECONDS old; concurrent
+    callers wait for one probe rather than each running their own."""
+    global _verdict
+    with _verdict_lock:
+        if _verdict is None or clock() - _verdict[0] >= CACHE_SECONDS:
+            _verdict = (clock(), judge(checks(heartbeat_age())))
+        return _verdict[1]
+
+
+def forget_verdict() -> None:
+    global _verdict
+    with _verdict_lock:
+        _verdict = None
+
+
+def report() -> tuple[dict[str, Any], int]:
+    """The whole health document (staff) and its HTTP status."""
+    age = heartbeat_age()
+    results = checks(age)
     lag: float | None = None
     sections: dict[str, Any] = {"persist": {"error": "Redis is down"}}
-    if checks["redis"] == "ok":
+    if results["redis"] == "ok":
         try:
             lag, sections = registry.health()
         except Exception as exc:  # noqa: BLE001 - a strategy's probe failing is not the
             sections = {"persist": {"error": _error(exc)}}  # service failing: reported as text
-    if checks["database"] != "ok" or checks["redis"] != "ok":
-        status, code = "down", 503
-    elif checks["broker"] != "ok" or checks["worker"] != "ok":
-        status, code = "degraded", 200
-    else:
-        status, code = "ok", 200
+    status, code = judge(results)
     body = {
         "status": status,
-        "checks": checks,
+        "checks": results,
         "database_vendor": connection.vendor,
         "worker_heartbeat_age_seconds": None if age is None else round(age, 1),
         "persist_lag_seconds": None if lag is None else round(lag, 3),

@@ -9,7 +9,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import selectors
+from redpack import health, selectors
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -34,6 +34,7 @@ def clean_redis() -> Iterator[None]:
     """Each test starts from an empty test Redis database (ids are reused between tests)."""
     get_redis_connection("default").flushdb()
     selectors.activity_strategy.cache_clear()
+    health.forget_verdict()
     yield
 
 

@@ -1,4 +1,5 @@
-"""/healthz against the real database and Redis; "down" is a server nobody listens on."""
+"""/healthz and /healthz/details against the real database and Redis; "down" is a server
+nobody listens on."""
 
 import time
 
@@ -17,12 +18,33 @@ pytestmark = pytest.mark.django_db
 CLOSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
 
-def healthz() -> tuple[int, dict]:
+@pytest.fixture
+def staff(make_users):  # type: ignore[no-untyped-def]
+    (user,) = make_users(1, prefix="staff")
+    user.is_staff = True
+    user.save()
+    return user
+
+
+@pytest.fixture
+def healthz(staff):  # type: ignore[no-untyped-def]
+    """The whole health document, as staff sees it."""
+
+    def get() -> tuple[int, dict]:
+        client = APIClient()
+        client.force_authenticate(staff)
+        response = client.get("/healthz/details")
+        return response.status_code, response.json()
+
+    return get
+
+
+def anonymous() -> tuple[int, dict]:
     response = APIClient().get("/healthz")
     return response.status_code, response.json()
 
 
-def test_without_a_worker_heartbeat_it_is_degraded_but_serving():
+def test_without_a_worker_heartbeat_it_is_degraded_but_serving(healthz):
     code, body = healthz()
     assert code == 200
     assert body["status"] == "degraded"
@@ -38,14 +60,14 @@ def test_without_a_worker_heartbeat_it_is_degraded_but_serving():
     assert body["persist"] == {"pending": 0, "oldest_age_seconds": 0.0}
 
 
-def test_the_heartbeat_task_makes_it_ok():
+def test_the_heartbeat_task_makes_it_ok(healthz):
     tasks.heartbeat()  # what the worker runs when beat sends it
     code, body = healthz()
     assert (code, body["status"], body["checks"]["worker"]) == (200, "ok", "ok")
     assert 0 <= body["worker_heartbeat_age_seconds"] < 5
 
 
-def test_an_old_heartbeat_is_stale():
+def test_an_old_heartbeat_is_stale(healthz):
     age = settings.REDPACK_HEARTBEAT_SECONDS * health.STALE_BEATS + 30
     get_redis_connection("default").set(health.HEARTBEAT_KEY, time.time() - age)
     code, body = healthz()
@@ -53,7 +75,7 @@ def test_an_old_heartbeat_is_stale():
     assert body["checks"]["worker"].startswith("stale: last heartbeat")
 
 
-def test_broker_down_is_degraded():
+def test_broker_down_is_degraded(healthz):
     tasks.heartbeat()
     with override_settings(CELERY_BROKER_URL=CLOSED):
         code, body = healthz()
@@ -61,7 +83,7 @@ def test_broker_down_is_degraded():
     assert body["checks"]["broker"].startswith("error: ConnectionError")
 
 
-def test_redis_down_is_503():
+def test_redis_down_is_503(healthz):
     caches = {"default": {**settings.CACHES["default"], "LOCATION": CLOSED}}
     with override_settings(CACHES=caches):
         code, body = healthz()
@@ -70,7 +92,48 @@ def test_redis_down_is_503():
     assert body["checks"]["redis"].startswith("error: ConnectionError")
 
 
-def test_persist_lag_is_the_largest_a_strategy_reports():
+def test_persist_lag_is_the_largest_a_strategy_reports(healthz):
     with override_settings(REDPACK_STRATEGIES={**settings.REDPACK_STRATEGIES, **DUMMIES}):
         code, body = healthz()
     assert body["persist_lag_seconds"] == 2.5
+
+
+def test_anyone_gets_the_verdict_and_nothing_more():
+    tasks.heartbeat()
+    assert anonymous() == (200, {"status": "ok"})
+
+
+def test_anonymous_health_names_no_error(monkeypatch):
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": CLOSED}}
+    with override_settings(CACHES=caches):
+        code, body = anonymous()
+    assert (code, body) == (503, {"status": "down"})
+
+
+def test_anonymous_health_does_not_read_the_strategies(monkeypatch):
+    """Their sections cost one Redis read per async activity; the verdict needs none."""
+
+    def unwanted() -> None:
+        raise AssertionError("the anonymous verdict read the strategies' health")
+
+    monkeypatch.setattr(health.registry, "health", unwanted)
+    assert anonymous()[1] == {"status": "degraded"}  # no heartbeat yet
+
+
+def test_the_verdict_is_reused_for_a_second(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(health, "clock", lambda: now[0])
+    assert anonymous() == (200, {"status": "degraded"})
+    tasks.heartbeat()
+    now[0] += health.CACHE_SECONDS / 2
+    assert anonymous() == (200, {"status": "degraded"})  # the same probe's verdict
+    now[0] += health.CACHE_SECONDS / 2
+    assert anonymous() == (200, {"status": "ok"})
+
+
+def test_details_are_for_staff_only(make_users):
+    (user,) = make_users(1)
+    assert APIClient().get("/healthz/details").status_code == 401
+    client = APIClient()
+    client.force_authenticate(user)
+    assert client.get("/healthz/details").status_code == 403

@@ -7,7 +7,7 @@ from .errors import error_body
 
 
 def _wants_json(request: HttpRequest) -> bool:
-    return request.path.startswith("/api/") or request.path == "/healthz"
+    return request.path.startswith(("/api/", "/healthz"))
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

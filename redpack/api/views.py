@@ -1,12 +1,17 @@
 """Thin views: validate with a serializer, call one service, render."""
 
-from django.http import JsonResponse
+from django.http import HttpRequest, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
+from rest_framework_simplejwt.authentication import (
+    JWTAuthentication,
+    JWTStatelessUserAuthentication,
+)
 
 from redpack import health, selectors, services
 from redpack.money import from_cents
@@ -148,11 +153,22 @@ class StrategyListView(APIView):
         return Response(StrategySerializer(rows, many=True).data)
 
 
-def healthz(request: Request) -> JsonResponse:
-    """Database, Redis, broker, worker heartbeat and persist lag (redpack/health.py).
+def healthz(request: HttpRequest) -> JsonResponse:
+    """`ok`, `degraded` or `down`, for anyone (load balancers, probes): cheap and cached, no
+    details (redpack/health.py). 503 when the database or Redis is down; `degraded` (still 200)
+    when only the broker or the worker is."""
+    status_text, code = health.verdict()
+    return JsonResponse({"status": status_text}, status=code)
 
-    503 when the database or Redis is down; `degraded` (still 200) when only the broker or the
-    worker is.
-    """
-    body, code = health.report()
-    return JsonResponse(body, status=code)
+
+class HealthDetailsView(APIView):
+    """Every probe with its error text, the worker heartbeat, the persist lag and the
+    strategies' sections (redpack/health.py): staff only. Its status code is /healthz's."""
+
+    authentication_classes = [JWTAuthentication, SessionAuthentication]
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses={200: OpenApiResponse(description="the health document")})
+    def get(self, request: Request) -> Response:
+        body, code = health.report()
+        return Response(body, status=code)

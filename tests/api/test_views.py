@@ -202,7 +202,7 @@ def test_schema_docs_and_healthz_are_public():
     assert APIClient().get("/api/docs/").status_code == 200
     health = APIClient().get("/healthz")
     assert health.status_code == 200
-    assert health.json()["checks"]["database"] == health.json()["checks"]["redis"] == "ok"
+    assert health.json() == {"status": "degraded"}  # serving; no worker heartbeat in this test
 
 
 def test_grab_of_a_user_only_counts_for_the_token_owner(sender, make_users):
