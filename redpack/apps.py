@@ -8,8 +8,9 @@ class RedpackConfig(AppConfig):
     def ready(self) -> None:
         from strategies import registry
 
-        from . import checks
+        from . import checks, signals
         from .api import schema  # noqa: F401 - registers the OpenAPI extensions
 
         registry.register_checks()
         checks.register()
+        signals.connect()

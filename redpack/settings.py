@@ -175,9 +175,18 @@ REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
 REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
 REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
 REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
+# Deactivated and deleted users (redpack/bans.py): seconds a web process trusts its last answer
+# for a user, and between two full re-reads of the set from MySQL.
+REDPACK_BANS_LOCAL_SECONDS = env.float("REDPACK_BANS_LOCAL_SECONDS", default=2.0)
+REDPACK_BANS_SYNC_SECONDS = env.float("REDPACK_BANS_SYNC_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE = {
     "expire-due-activities": {"task": "redpack.tasks.expire_due", "schedule": 1.0},
     "sweep-overdue-activities": {"task": "redpack.tasks.sweep_overdue", "schedule": 60.0},
+    "sync-disabled-users": {
+        "task": "redpack.tasks.sync_disabled_users",
+        "schedule": REDPACK_BANS_SYNC_SECONDS,
+        "options": {"expires": REDPACK_BANS_SYNC_SECONDS},
+    },
     "worker-heartbeat": {
         "task": "redpack.tasks.heartbeat",
         "schedule": REDPACK_HEARTBEAT_SECONDS,
@@ -233,6 +242,8 @@ SIMPLE_JWT = {
     "REFRESH_TOKEN_LIFETIME": timedelta(days=env.int("JWT_REFRESH_DAYS", default=1)),
     "AUTH_HEADER_TYPES": ("Bearer",),
     "SIGNING_KEY": SECRET_KEY,
+    # A deleted user's refresh token is refused (401), not a 500 (redpack/api/auth.py).
+    "TOKEN_REFRESH_SERIALIZER": "redpack.api.auth.RefreshSerializer",
 }
 
 SPECTACULAR_SETTINGS = {

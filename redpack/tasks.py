@@ -5,7 +5,7 @@ from django.conf import settings
 
 from strategies import registry
 
-from . import expiry, health, services
+from . import bans, expiry, health, services
 
 
 @shared_task(ignore_result=True)
@@ -43,6 +43,12 @@ def sweep_overdue() -> int:
 def heartbeat() -> None:
     """From beat every REDPACK_HEARTBEAT_SECONDS: /healthz sees beat, broker and a worker alive."""
     health.record_heartbeat()
+
+
+@shared_task(ignore_result=True)
+def sync_disabled_users() -> int:
+    """Every REDPACK_BANS_SYNC_SECONDS: the disabled users' set from MySQL (redpack/bans.py)."""
+    return bans.sync()
 
 
 def run_background(task: str) -> int:

@@ -9,7 +9,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import health, selectors
+from redpack import bans, health, selectors
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -35,6 +35,7 @@ def clean_redis() -> Iterator[None]:
     get_redis_connection("default").flushdb()
     selectors.activity_strategy.cache_clear()
     health.forget_verdict()
+    bans.forget()
     yield
 
 

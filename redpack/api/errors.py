@@ -31,7 +31,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response.data = error_body("invalid", "the request is not valid", detail)
     elif isinstance(exc, exceptions.APIException):
         message = str(exc.detail) if not isinstance(exc.detail, dict | list) else exc.default_detail
-        response.data = error_body(exc.default_code, str(message))
+        codes = exc.get_codes()
+        response.data = error_body(
+            codes if isinstance(codes, str) else exc.default_code, str(message)
+        )
     elif isinstance(exc, Http404):
         response.data = error_body("not_found", "not found")
     if response.status_code == status.HTTP_404_NOT_FOUND:

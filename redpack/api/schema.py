@@ -10,7 +10,7 @@ from .serializers import ErrorSerializer
 class StatelessJWTScheme(OpenApiAuthenticationExtension):
     """The grab endpoint's token auth: the same bearer token, verified without a user lookup."""
 
-    target_class = "rest_framework_simplejwt.authentication.JWTStatelessUserAuthentication"
+    target_class = "redpack.api.auth.ActiveTokenUserAuthentication"
     name = "jwtStatelessAuth"
     priority = 1  # wins over the contrib scheme, which reuses the name "jwtAuth"
 

@@ -8,16 +8,14 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework_simplejwt.authentication import (
-    JWTAuthentication,
-    JWTStatelessUserAuthentication,
-)
+from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from redpack import health, selectors, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
 
+from .auth import ActiveTokenUserAuthentication
 from .serializers import (
     ActivityCreateSerializer,
     ActivityGrabSerializer,
@@ -65,9 +63,10 @@ class ActivityDetailView(APIView):
 
 
 class GrabView(APIView):
-    """Stateless token authentication: a grab needs no database round trip to know the user."""
+    """Stateless token authentication: a grab needs no database round trip to know the user (nor
+    to refuse a deactivated one: redpack/bans.py)."""
 
-    authentication_classes = [JWTStatelessUserAuthentication]
+    authentication_classes = [ActiveTokenUserAuthentication]
     throttle_classes = [RedpackThrottle]
     throttle_scope = "grab"
 
@@ -98,7 +97,7 @@ class PingView(APIView):
     """The web server's ceiling for the bench: authenticated like a grab, and nothing else
     (not throttled either: one token drives it as fast as the server answers)."""
 
-    authentication_classes = [JWTStatelessUserAuthentication]
+    authentication_classes = [ActiveTokenUserAuthentication]
 
     @extend_schema(request=None, responses={200: OpenApiResponse(description='`{"pong": true}`')})
     def get(self, request: Request) -> Response:

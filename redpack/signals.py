@@ -1,0 +1,26 @@
+"""Keep the disabled users' set (redpack/bans.py) in step with every save and delete of a user."""
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from . import bans
+
+
+def _user_saved(*, instance: Any, **kwargs: Any) -> None:
+    user_id, disabled = instance.pk, not instance.is_active
+    # After the commit: a rolled back deactivation must not ban anybody.
+    transaction.on_commit(lambda: bans.set_disabled(user_id, disabled))
+
+
+def _user_deleted(*, instance: Any, **kwargs: Any) -> None:
+    user_id = instance.pk
+    transaction.on_commit(lambda: bans.set_disabled(user_id, True))
+
+
+def connect() -> None:
+    user_model = get_user_model()
+    post_save.connect(_user_saved, sender=user_model, dispatch_uid="redpack.bans.saved")
+    post_delete.connect(_user_deleted, sender=user_model, dispatch_uid="redpack.bans.deleted")

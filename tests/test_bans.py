@@ -1,0 +1,105 @@
+"""Deactivated and deleted users are refused by token within seconds, on every strategy, with
+no MySQL query per request (redpack/bans.py); refresh is refused too."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import RefreshToken
+
+from redpack import bans, services
+from redpack.models import GrabDetail
+from strategies import registry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SAFE = [name for name in registry.names() if registry.get(name).safe]
+
+
+def client_of(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def grab(client: APIClient, activity_id: int):  # type: ignore[no-untyped-def]
+    return client.post(f"/api/activities/{activity_id}/grab/")
+
+
+@pytest.mark.parametrize("strategy", SAFE)
+def test_a_deactivated_user_is_refused_at_once(strategy, sender, make_users):
+    first, second = (
+        services.activity_send(
+            sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=strategy
+        )
+        for _ in range(2)
+    )
+    (user,) = make_users(1)
+    client = client_of(str(RefreshToken.for_user(user).access_token))
+    assert grab(client, first.pk).status_code == 200
+
+    user.is_active = False
+    user.save()
+
+    refused = grab(client, second.pk)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "user_inactive"
+    assert not GrabDetail.objects.filter(activity=second).exists()
+
+
+def test_the_check_costs_no_mysql_query(sender, make_users):
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="redis_queue_async"
+    )
+    (user,) = make_users(1)
+    client = client_of(str(RefreshToken.for_user(user).access_token))
+    grab(client, activity.pk)  # the strategy's name is read once per process
+    with CaptureQueriesContext(connection) as queries:
+        assert grab(client, activity.pk).json()["outcome"] == "already_grabbed"
+    assert len(queries) == 0
+
+
+def test_other_processes_see_a_ban_within_the_local_interval(settings, monkeypatch, make_users):
+    (user,) = make_users(1)
+    now = [500.0]
+    monkeypatch.setattr(bans, "clock", lambda: now[0])
+    assert not bans.is_disabled(user.pk)
+    # Another process bans the user: Redis changes, this process still remembers "not banned".
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    bans.get_redis_connection("default").sadd(bans.KEY, user.pk)
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS / 2
+    assert not bans.is_disabled(user.pk)
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS / 2
+    assert bans.is_disabled(user.pk)
+
+
+def test_sync_catches_changes_made_without_signals(make_users):
+    banned, back, deleted = make_users(3)
+    get_user_model().objects.filter(pk=banned.pk).update(is_active=False)  # no signal
+    bans.set_disabled(back.pk, True)  # banned, then let back in without a signal
+    get_user_model().objects.filter(pk=deleted.pk).delete()
+    assert bans.sync() == 2
+    assert [bans.is_disabled(u.pk) for u in (banned, back, deleted)] == [True, False, True]
+
+
+def test_with_redis_away_mysql_answers(settings, make_users):
+    active, inactive = make_users(2)
+    get_user_model().objects.filter(pk=inactive.pk).update(is_active=False)
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
+    settings.CACHES = caches
+    assert [bans.is_disabled(active.pk), bans.is_disabled(inactive.pk)] == [False, True]
+
+
+@pytest.mark.parametrize("how", ["deactivated", "deleted"])
+def test_refresh_is_refused(how, make_users):
+    (user,) = make_users(1)
+    refresh = str(RefreshToken.for_user(user))
+    if how == "deleted":
+        user.delete()
+    else:
+        user.is_active = False
+        user.save()
+    response = APIClient().post("/api/token/refresh/", {"refresh": refresh}, format="json")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "no_active_account"
