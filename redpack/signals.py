@@ -11,13 +11,14 @@ from . import bans
 
 def _user_saved(*, instance: Any, **kwargs: Any) -> None:
     user_id, disabled = instance.pk, not instance.is_active
-    # After the commit: a rolled back deactivation must not ban anybody.
-    transaction.on_commit(lambda: bans.set_disabled(user_id, disabled))
+    # After the commit: a rolled back deactivation must not ban anybody. Robust: with Redis away
+    # the save stands and the beat re-sync (bans.sync) records it within a minute.
+    transaction.on_commit(lambda: bans.set_disabled(user_id, disabled), robust=True)
 
 
 def _user_deleted(*, instance: Any, **kwargs: Any) -> None:
     user_id = instance.pk
-    transaction.on_commit(lambda: bans.set_disabled(user_id, True))
+    transaction.on_commit(lambda: bans.set_disabled(user_id, True), robust=True)
 
 
 def connect() -> None:
