@@ -51,7 +51,7 @@ local function draw(allocation, remaining, count)
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'deadline_ms',
-  'allocation', 'remaining_cents')
+  'allocation', 'remaining_cents', 'fenced_until_ms')
 if not meta[1] then
   return {'missing'}
 end
@@ -62,6 +62,9 @@ if held then
   if holder == ARGV[3] then
     return {'grabbed', mark, meta[3]} -- this attempt ran before and its reply was lost
   end
+end
+if meta[7] and tonumber(ARGV[2]) < tonumber(meta[7]) then
+  return {'contended'} -- being rebuilt (fence.lua)
 end
 if meta[1] ~= 'open' or tonumber(ARGV[2]) >= tonumber(meta[2]) then
   return {'closed'}

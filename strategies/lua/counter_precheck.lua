@@ -5,11 +5,14 @@
 --
 -- KEYS[1] meta, KEYS[2] count, KEYS[3] grabbed (layout: install.lua)
 -- ARGV[1] user_id, ARGV[2] now_ms
--- Returns 'closed', 'sold_out', or 'go' (take the lock and grab; also when there is no state)
+-- Returns 'closed', 'sold_out', 'contended' (being rebuilt), or 'go' (take the lock and grab; also when there is no state)
 
-local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms')
+local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'fenced_until_ms')
 if not meta[1] then
   return 'go'
+end
+if meta[3] and tonumber(ARGV[2]) < tonumber(meta[3]) then
+  return 'contended' -- being rebuilt (fence.lua)
 end
 if meta[1] ~= 'open' or tonumber(ARGV[2]) >= tonumber(meta[2]) then
   return 'closed'

@@ -3,7 +3,7 @@
 -- sees either the old state or the whole new one.
 --
 -- KEYS[1] meta     hash: epoch, status (open|closed), expires_ms, deadline_ms, allocation,
---                        remaining_cents
+--                        remaining_cents; fenced_until_ms while rebuilt (fence.lua)
 -- KEYS[2] count    string: packets remaining (the counter)
 -- KEYS[3] grabbed  hash: user_id -> mark, "cents" or "cents:packet_id", then "|attempt" for a
 --                  grab made in Redis (none for one rebuilt from MySQL)

@@ -13,10 +13,11 @@
 --   'grabbed'          mark = "cents:packet_id" popped and recorded for the user by this attempt
 --   'already_grabbed'  mark = what the user holds, holder = the attempt that popped it ('' after
 --                      a rebuild from MySQL)
---   'sold_out', 'closed'
+--   'sold_out', 'closed', 'contended' (being rebuilt: fence.lua)
 --   'missing'          no state: Redis lost it, or it expired after the activity did
 
-local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'deadline_ms')
+local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'deadline_ms',
+  'fenced_until_ms')
 if not meta[1] then
   return {'missing'}
 end
@@ -27,6 +28,9 @@ if held then
   if holder == ARGV[3] then
     return {'grabbed', mark, meta[3]} -- this attempt ran before and its reply was lost
   end
+end
+if meta[5] and tonumber(ARGV[2]) < tonumber(meta[5]) then
+  return {'contended'} -- being rebuilt (fence.lua)
 end
 if meta[1] ~= 'open' or tonumber(ARGV[2]) >= tonumber(meta[2]) then
   return {'closed'}

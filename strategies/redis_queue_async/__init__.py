@@ -81,6 +81,11 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         stream.register(activity_id)  # after the state exists: the index drops stateless ones
         return True
 
+    def rebuild(self, *, activity_id: int) -> None:
+        """No fence: its grabs are final in Redis, and install.lua refuses while any of them is
+        still on its way to MySQL, in the same atomic step."""
+        self.install(activity_id)
+
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         # In the stream is durable: a mark made by an earlier attempt (even one whose reply was
         # lost) is on its way to MySQL, so `already_grabbed` needs no check.

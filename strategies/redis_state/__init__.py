@@ -30,7 +30,7 @@ from redpack.models import Activity, ActivityStatus
 
 from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
 from ..lua import redis_client, script
-from ..steps import close_row_locked
+from ..steps import close_row_locked, held_marks
 from .audit import Snapshot, capped, differences
 from .keys import GrabReply, Keys, now_ms, parse_mark, run_grab
 from .rebuild import Recorded, install
@@ -39,6 +39,8 @@ from .rows import write_grab
 logger = logging.getLogger(__name__)
 
 CLOSE_SETTLE_SECONDS = 5.0  # how long close() waits for grabs still writing MySQL
+REBUILD_SETTLE_SECONDS = 5.0  # how long a rebuild waits for grabs still writing MySQL
+REBUILD_FENCE_MARGIN_SECONDS = 30.0  # the fence outlives that wait by this much, then lifts
 
 
 class RedisStateStrategy(GrabStrategy):
@@ -73,6 +75,30 @@ class RedisStateStrategy(GrabStrategy):
         return install(activity_id, self.state_keys(activity_id))
 
     def rebuild(self, *, activity_id: int) -> None:
+        """Rewrite the state from MySQL while grabs go on: fenced (grabs answer `contended`
+        meanwhile, lua/fence.lua), then the grabs that won before the fence are waited for, at
+        most REBUILD_SETTLE_SECONDS, so the state read from MySQL holds them; then installed.
+
+        A mark whose row never comes (its attempt answered outcome_unknown, or died) is not
+        carried over: nobody was told `grabbed`, and the user's retry grabs afresh.
+        """
+        keys = self.state_keys(activity_id)
+        settle_until = time.monotonic() + REBUILD_SETTLE_SECONDS
+        fence_ms = now_ms() + int(1000 * (REBUILD_SETTLE_SECONDS + REBUILD_FENCE_MARGIN_SECONDS))
+        holders = script("fence")(keys=keys[:3], args=[fence_ms])
+        users = {int(user) for user in holders or []}
+        pause = 0.005
+        while users and time.monotonic() < settle_until:
+            users -= held_marks(activity_id=activity_id, user_ids=users).keys()
+            if users:
+                time.sleep(pause)
+                pause = min(2 * pause, 0.1)
+        if users:
+            logger.warning(
+                "activity %s: %d grabs held in Redis never reached MySQL; rebuilt without them",
+                activity_id,
+                len(users),
+            )
         self.install(activity_id)
 
     def run_grab(
