@@ -2,6 +2,7 @@
 in front of the real Redis or MariaDB (tests/faults.py): a grab is never invented, stranded in
 Redis or lost, and a user never ends up with two rows."""
 
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
@@ -9,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django_redis import get_redis_connection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
@@ -18,8 +20,10 @@ from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry
-from strategies.base import Outcome
+from strategies.base import GrabResult, Outcome
 from strategies.lua import script
+from strategies.redis_state import RedisStateStrategy
+from strategies.redis_state.keys import Keys
 from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,4 +181,47 @@ def test_the_outcome_stays_unknown_while_mysql_cannot_be_asked(mysql_proxy, make
     # The commit landed: the retry finds the row (and the mark Redis kept) and answers with it.
     assert retry.outcome is Outcome.ALREADY_GRABBED
     assert settled_rows(activity) == {user.pk: retry.amount_cents}
+    assert_consistent(activity)
+
+
+def test_a_lock_that_expired_mid_grab_does_not_let_the_answers_part(
+    monkeypatch, mysql_proxy, make_users, sender
+):
+    """redis_counter: the first click outlives its user lock between Redis and MySQL; the
+    second click takes the lock. Whatever the first click's write then does (here its COMMIT
+    never reaches MySQL), the second click's answer is what MySQL ends with."""
+    activity = send(sender, "redis_counter")
+    (user,) = make_users(1)
+    won, go = threading.Event(), threading.Event()
+    record = RedisStateStrategy.record
+
+    def first_waits(self, *args, **kwargs) -> GrabResult:  # type: ignore[no-untyped-def]
+        if not won.is_set():
+            won.set()
+            assert go.wait(30)
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStateStrategy, "record", first_waits)
+    answers: dict[str, GrabResult] = {}
+
+    def first_click() -> None:
+        try:
+            answers["first"] = services.grab(activity_id=activity.pk, user_id=user.pk)
+        except Exception as exc:  # noqa: BLE001 - an error is an answer too
+            answers["first_error"] = exc  # type: ignore[assignment]
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_click)
+    first.start()
+    assert won.wait(30)
+    get_redis_connection("default").delete(Keys(activity.pk).lock(user.pk))  # its TTL ran out
+    second = services.grab(activity_id=activity.pk, user_id=user.pk)
+    mysql_proxy.cut_before(b"COMMIT")  # the first click's write, should it get that far
+    go.set()
+    first.join(60)
+
+    rows = settled_rows(activity)
+    assert second.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED}
+    assert rows == {user.pk: second.amount_cents}
     assert_consistent(activity)
