@@ -7,6 +7,9 @@
   after its refund committed, so a worker that dies mid-refund is retried when the lease ends.
 - A slower sweep over MySQL (`status IN (open, closed) AND expires_at < now`) re-registers what
   the ZSET lost (a Redis restart without persistence).
+- A refund that cannot settle yet (grabs still on their way to MySQL) is put back into the ZSET
+  for later, with a backoff per activity (`postpone`): the ZSET is the one schedule of retries,
+  so a stuck activity holds one entry, never a growing pile of retrying tasks.
 - The refund: the strategy closes atomically (after it every grab answers `closed`), waits for
   pending writes to settle, then under the activity row lock writes the one refund record
   (UNIQUE per activity) and moves the status closed → refunded. Running it twice pays once.
@@ -30,6 +33,7 @@ from .money import to_cents
 logger = logging.getLogger(__name__)
 
 EXPIRY_KEY = "rp:expiry"
+RETRIES_KEY = "rp:expiry:retries"  # activity id -> refunds postponed so far
 
 
 class NotSettled(Exception):
@@ -54,16 +58,33 @@ def register(activities: list[Activity]) -> None:
         redis_client().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a) for a in activities})
 
 
-def claim_due(*, batch: int, lease_seconds: float) -> list[int]:
-    now_ms = int(time.time() * 1000)
+def claim_due(*, batch: int, lease_seconds: float, now: float | None = None) -> list[int]:
+    """Lease up to `batch` due activities; `now` (epoch seconds) defaults to this clock."""
+    now_ms = int((time.time() if now is None else now) * 1000)
     claimed = script("claim_due")(
         keys=[EXPIRY_KEY], args=[now_ms, int(lease_seconds * 1000), batch]
     )
     return [int(member) for member in claimed]
 
 
+def postpone(activity_id: int, *, now: float | None = None) -> float:
+    """Try this activity's refund again later: REDPACK_REFUND_RETRY_SECONDS, doubling with each
+    postponement up to REDPACK_REFUND_RETRY_MAX_SECONDS. Returns the delay in seconds."""
+    client = redis_client()
+    retries = int(client.hincrby(RETRIES_KEY, str(activity_id), 1))
+    delay = min(
+        settings.REDPACK_REFUND_RETRY_SECONDS * 2 ** (retries - 1),
+        settings.REDPACK_REFUND_RETRY_MAX_SECONDS,
+    )
+    due_ms = int(((time.time() if now is None else now) + delay) * 1000)
+    client.zadd(EXPIRY_KEY, {str(activity_id): due_ms})
+    return delay
+
+
 def forget(activity_id: int) -> None:
-    redis_client().zrem(EXPIRY_KEY, str(activity_id))
+    client = redis_client()
+    client.zrem(EXPIRY_KEY, str(activity_id))
+    client.hdel(RETRIES_KEY, str(activity_id))
 
 
 def overdue_in_mysql(*, limit: int) -> QuerySet[Activity]:

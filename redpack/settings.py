@@ -285,6 +285,10 @@ REDPACK_THROTTLE_RATES = {
 # Expiry: due activities are claimed in batches and leased while their refund runs.
 REDPACK_EXPIRY_BATCH = env.int("REDPACK_EXPIRY_BATCH", default=100)
 REDPACK_EXPIRY_LEASE_SECONDS = env.float("REDPACK_EXPIRY_LEASE_SECONDS", default=60.0)
+# A refund that cannot settle yet is tried again after this many seconds, doubling each time up
+# to the maximum (redpack/expiry.py: postpone).
+REDPACK_REFUND_RETRY_SECONDS = env.float("REDPACK_REFUND_RETRY_SECONDS", default=5.0)
+REDPACK_REFUND_RETRY_MAX_SECONDS = env.float("REDPACK_REFUND_RETRY_MAX_SECONDS", default=600.0)
 REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)

@@ -1,11 +1,15 @@
 """Celery tasks: thin, take ids, safe to run twice."""
 
+import logging
+
 from celery import shared_task
 from django.conf import settings
 
 from strategies import registry
 
 from . import bans, expiry, health, services
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -23,14 +27,16 @@ def expire_due() -> int:
             return handed
 
 
-@shared_task(
-    ignore_result=True,
-    autoretry_for=(expiry.NotSettled,),
-    retry_backoff=True,
-    max_retries=20,
-)
+@shared_task(ignore_result=True)
 def refund_activity(activity_id: int) -> None:
-    services.activity_expire(activity_id=activity_id)
+    """Refund once; if the activity cannot settle yet, its entry in the expiry schedule is
+    pushed back (expiry.postpone) rather than this task retrying itself: one schedule, so a
+    stuck activity never piles up retrying tasks."""
+    try:
+        services.activity_expire(activity_id=activity_id)
+    except expiry.NotSettled as exc:
+        delay = expiry.postpone(activity_id)
+        logger.warning("%s; refund postponed by %.0f s", exc, delay)
 
 
 @shared_task(ignore_result=True)

@@ -50,6 +50,18 @@ class LaggingStrategy(_Dummy):
         return StrategyHealth(2.5, {})
 
 
+class UnsettledStrategy(_Dummy):
+    """Its grabs never reach MySQL, so a refund can never settle."""
+
+    name = "unsettled"
+
+    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        return GrabResult(Outcome.SOLD_OUT)
+
+    def settle(self, *, activity_id: int, timeout: float) -> bool:
+        return False
+
+
 class OtherDatabaseStrategy(_Dummy):
     name = "other_database"
     requires = frozenset({"oracle"})
@@ -65,6 +77,7 @@ DUMMIES = {
         BrokenStrategy,
         LockTimeoutStrategy,
         LaggingStrategy,
+        UnsettledStrategy,
         OtherDatabaseStrategy,
     )
 }

@@ -2,18 +2,22 @@
 
 import threading
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
-from redpack import expiry, services
+from redpack import expiry, services, tasks
 from redpack.audit import audit_activity
 from redpack.models import Activity, ActivityStatus, GrabDetail, Refund
 from redpack.money import to_cents
 from strategies import registry
 from strategies.base import Outcome
+from strategies.lua import redis_client
 
+from .dummy_strategies import DUMMIES
 from .servers import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,16 +135,16 @@ def test_scanners_racing_each_other_refund_each_activity_once(sender):
 
 def test_a_worker_dying_after_close_is_retried_when_its_lease_ends(safe_strategy, sender):
     activity = send(sender, safe_strategy, count=5, expires_in=1)
-    time.sleep(1.1)
-    assert expiry.claim_due(batch=10, lease_seconds=0.5) == [activity.pk]
+    due = activity.expires_at.timestamp()
+    assert expiry.claim_due(batch=10, lease_seconds=30, now=due) == [activity.pk]
     registry.get(safe_strategy).close(activity_id=activity.pk)  # ...and the worker dies here
     assert not Refund.objects.filter(activity=activity).exists()
-    assert expiry.claim_due(batch=10, lease_seconds=60) == []  # still leased
-    time.sleep(0.6)
-    assert expiry.claim_due(batch=10, lease_seconds=60) == [activity.pk]
+    assert expiry.claim_due(batch=10, lease_seconds=60, now=due + 29) == []  # still leased
+    assert expiry.claim_due(batch=10, lease_seconds=60, now=due + 30) == [activity.pk]
+    time.sleep(max(0.0, due - time.time()))  # a refund needs the activity really expired
     expiry.refund(activity_id=activity.pk)
     assert assert_refunded_once(activity.pk).count == 5
-    assert expiry.claim_due(batch=10, lease_seconds=60) == []
+    assert expiry.claim_due(batch=10, lease_seconds=60, now=due + 3600) == []
 
 
 def test_sweep_finds_what_redis_lost(sender):
@@ -196,3 +200,21 @@ def test_bench_expiry_command_refunds_everything_once():
     result = json.loads(out.getvalue())
     assert result["refund_records"] == 40 and result["audit_ok"] is True
     assert Refund.objects.count() == 40
+
+
+def test_a_refund_that_cannot_settle_is_postponed_not_piled_up(sender, settings):
+    """One entry in the expiry schedule per activity, pushed back further each time."""
+    settings.REDPACK_STRATEGIES = {**settings.REDPACK_STRATEGIES, **DUMMIES}
+    activity = send(sender, "unsettled")
+    Activity.objects.filter(pk=activity.pk).update(expires_at=timezone.now() - timedelta(1))
+    before = time.time()
+    for _ in range(3):
+        tasks.refund_activity(activity.pk)
+    after = time.time()
+    redis = redis_client()
+    assert redis.zcard(expiry.EXPIRY_KEY) == 1
+    assert int(redis.hget(expiry.RETRIES_KEY, str(activity.pk))) == 3
+    delay = 4 * settings.REDPACK_REFUND_RETRY_SECONDS  # the third: doubled twice
+    score = redis.zscore(expiry.EXPIRY_KEY, str(activity.pk))
+    assert (before + delay) * 1000 <= score <= (after + delay) * 1000 + 1
+    assert not Refund.objects.filter(activity=activity).exists()
