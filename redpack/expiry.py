@@ -71,7 +71,7 @@ def postpone(activity_id: int, *, now: float | None = None) -> float:
     """Try this activity's refund again later: REDPACK_REFUND_RETRY_SECONDS, doubling with each
     postponement up to REDPACK_REFUND_RETRY_MAX_SECONDS. Returns the delay in seconds."""
     client = redis_client()
-    retries = int(client.hincrby(RETRIES_KEY, str(activity_id), 1))
+    retries = int(client.hincrby(RETRIES_KEY, str(activity_id), 1))  # type: ignore[arg-type]
     delay = min(
         settings.REDPACK_REFUND_RETRY_SECONDS * 2 ** (retries - 1),
         settings.REDPACK_REFUND_RETRY_MAX_SECONDS,
