@@ -44,9 +44,9 @@ _STATE = (
     "rp:{$activity}:packets",
 )
 # The Redis strategies' own grab scripts, as redis-benchmark runs them against an activity the
-# strategy prepared: script (strategies/lua/), number of KEYS, then KEYS and ARGV, with
-# $activity, $user (a random user) and $now_ms filled in. The others have none (MySQL does
-# their work; distributed_lock's Redis part is redis-py's Lock).
+# strategy prepared: script (strategies/lua/), number of KEYS, then KEYS and ARGV (each
+# script's header says which), with $activity, $user (a random user) and $now_ms filled in.
+# The others have none (MySQL does their work; distributed_lock's Redis part is redis-py's Lock).
 STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
     "redis_counter": (
         "counter_grab.lua",
@@ -54,9 +54,10 @@ STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
         *_STATE,
         "$user",
         "$now_ms",
+        "$user",  # the attempt token: a user drawn again re-runs its attempt (one answer)
         "12345",
     ),
-    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$user", "$now_ms"),
+    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$user", "$now_ms", "$user"),
     "redis_queue_async": (
         "queue_grab.lua",
         "5",
@@ -64,6 +65,7 @@ STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
         "rp:{$activity}:persist",
         "$user",
         "$now_ms",
+        "$user",
     ),
 }
 

@@ -94,13 +94,15 @@ def test_a_lost_reply_is_settled_by_running_the_same_attempt_again(
     user, other = make_users(2)
     redis_proxy.drop_reply(grab_script_sha(strategy))
 
-    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+    first = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
 
     assert redis_proxy.fired == 1  # the script ran, its reply never came
     assert first.outcome is Outcome.GRABBED  # not already_grabbed: it is this attempt's grab
-    again = services.grab(activity_id=activity.pk, user_id=user.pk)
+    again = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, first.amount_cents)
-    assert services.grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    )
     rows = settled_rows(activity)
     assert rows[user.pk] == first.amount_cents and len(rows) == 2
     assert_consistent(activity)
@@ -141,12 +143,14 @@ def test_a_commit_whose_reply_was_lost_is_answered_grabbed(
     user, other = make_users(2)
     mysql_proxy.drop_reply(b"COMMIT")
 
-    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+    first = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
 
     assert mysql_proxy.fired == 1
     assert first.outcome is Outcome.GRABBED  # committed: not given back to Redis
     assert settled_rows(activity) == {user.pk: first.amount_cents}
-    assert services.grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=other.pk).outcome is Outcome.GRABBED
+    )
     assert_consistent(activity)
 
 
@@ -156,13 +160,13 @@ def test_a_commit_that_never_reached_mysql_is_given_back(strategy, mysql_proxy, 
     (user,) = make_users(1)
     mysql_proxy.cut_before(b"COMMIT")
 
-    first = services.grab(activity_id=activity.pk, user_id=user.pk)
+    first = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
 
     assert mysql_proxy.fired == 1
     assert first.outcome is Outcome.CONTENDED  # nothing granted, and Redis has it back
     assert settled_rows(activity) == {}
     assert_consistent(activity)
-    retry = services.grab(activity_id=activity.pk, user_id=user.pk)
+    retry = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     assert retry.outcome is Outcome.GRABBED
     assert settled_rows(activity) == {user.pk: retry.amount_cents}
     assert_consistent(activity)
@@ -174,10 +178,10 @@ def test_the_outcome_stays_unknown_while_mysql_cannot_be_asked(mysql_proxy, make
     mysql_proxy.drop_reply(b"COMMIT", then_cut=True)
 
     with pytest.raises(OutcomeUnknown):
-        services.grab(activity_id=activity.pk, user_id=user.pk)
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
 
     mysql_proxy.restore()
-    retry = services.grab(activity_id=activity.pk, user_id=user.pk)
+    retry = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     # The commit landed: the retry finds the row (and the mark Redis kept) and answers with it.
     assert retry.outcome is Outcome.ALREADY_GRABBED
     assert settled_rows(activity) == {user.pk: retry.amount_cents}
@@ -206,7 +210,7 @@ def test_a_lock_that_expired_mid_grab_does_not_let_the_answers_part(
 
     def first_click() -> None:
         try:
-            answers["first"] = services.grab(activity_id=activity.pk, user_id=user.pk)
+            answers["first"] = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
         except Exception as exc:  # noqa: BLE001 - an error is an answer too
             answers["first_error"] = exc  # type: ignore[assignment]
         finally:
@@ -216,7 +220,7 @@ def test_a_lock_that_expired_mid_grab_does_not_let_the_answers_part(
     first.start()
     assert won.wait(30)
     get_redis_connection("default").delete(Keys(activity.pk).lock(user.pk))  # its TTL ran out
-    second = services.grab(activity_id=activity.pk, user_id=user.pk)
+    second = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     mysql_proxy.cut_before(b"COMMIT")  # the first click's write, should it get that far
     go.set()
     first.join(60)

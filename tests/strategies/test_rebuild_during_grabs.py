@@ -61,14 +61,14 @@ def test_a_rebuild_waits_for_the_grabs_that_won_before_it(
         return record(self, *args, **kwargs)
 
     monkeypatch.setattr(RedisStateStrategy, "record", record_once_let_go)
-    grabber, grabbed = in_thread(services.grab, activity_id=activity.pk, user_id=early.pk)
+    grabber, grabbed = in_thread(services.activity_grab, activity_id=activity.pk, user_id=early.pk)
     assert won.wait(30)
 
     rebuilder, _ = in_thread(registry.get(strategy).rebuild, activity_id=activity.pk)
     meta = Keys(activity.pk).meta
     redis = get_redis_connection("default")
     wait_for(lambda: redis.hexists(meta, "fenced_until_ms"), "the rebuild to fence the activity")
-    fenced = services.grab(activity_id=activity.pk, user_id=during.pk)
+    fenced = services.activity_grab(activity_id=activity.pk, user_id=during.pk)
     assert fenced.outcome is Outcome.CONTENDED  # no grab while the state is being rebuilt
     go.set()
     grabber.join(60)
@@ -81,6 +81,9 @@ def test_a_rebuild_waits_for_the_grabs_that_won_before_it(
     assert not redis.hexists(meta, "fenced_until_ms")  # the rebuilt state is in service
     activity.refresh_from_db()
     assert audit_activity(activity).violations == []  # the winner is in the rebuilt state
-    assert services.grab(activity_id=activity.pk, user_id=during.pk).outcome is Outcome.GRABBED
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=during.pk).outcome
+        is Outcome.GRABBED
+    )
     activity.refresh_from_db()
     assert audit_activity(activity).violations == []
