@@ -1,9 +1,12 @@
+import math
 import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redpack import allocation
 from redpack.allocation import Allocation, AllocationError, draw, split
 
 KINDS = st.sampled_from(list(Allocation))
@@ -74,3 +77,42 @@ def test_invalid_inputs_raise_a_clear_error(total, count):
 def test_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="lottery"):
         split("lottery", 100, 2)
+
+
+def test_line_segment_first_cut_has_the_exact_distribution():
+    """The O(log n) draw against the exact law of the smallest of k points out of 1..n."""
+    n, k, draws = 12, 4, 60_000
+    rng = random.Random(20261123)
+    seen = Counter(allocation.first_cut(n, k, rng) for _ in range(draws))
+
+    def survival(m: int) -> float:
+        return math.comb(n - m, k) / math.comb(n, k)
+
+    chi_square = 0.0
+    for m in range(1, n - k + 2):
+        expected = draws * (survival(m - 1) - survival(m))
+        chi_square += (seen[m] - expected) ** 2 / expected
+    assert set(seen) <= set(range(1, n - k + 2))
+    assert chi_square < 27.9  # 8 degrees of freedom, p = 0.0005
+
+
+class CountingRandom(random.Random):
+    """Counts the uniform numbers a draw asks for, and refuses the O(k) ways of drawing."""
+
+    calls = 0
+
+    def random(self) -> float:
+        self.calls += 1
+        return super().random()
+
+    def sample(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("sampled every cut point")
+
+
+def test_a_line_segment_draw_costs_the_same_at_ten_thousand_packets():
+    rng = CountingRandom(7)
+    for remaining, count in [(1_000_000, 10_000), (10_000, 10_000), (10_001, 2)]:
+        rng.calls = 0
+        cents = allocation.draw("line_segment", remaining, count, rng)
+        assert 1 <= cents <= remaining - (count - 1)
+        assert rng.calls == 1
