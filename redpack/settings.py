@@ -61,6 +61,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "redpack.api.middleware.RequestSizeLimitMiddleware",
+    "redpack.api.middleware.CredentialThrottleMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -277,10 +278,16 @@ REDPACK_MAX_COUNT = env.int("REDPACK_MAX_COUNT", default=10_000)
 REDPACK_MAX_TOTAL_AMOUNT = env.str("REDPACK_MAX_TOTAL_AMOUNT", default="1000000.00")
 # The average packet may not exceed this (double-average draws stay below twice the average).
 REDPACK_MAX_PACKET_AMOUNT = env.str("REDPACK_MAX_PACKET_AMOUNT", default="200.00")
-# Per-user rates kept in Redis (DRF throttles over django-redis); empty means unthrottled.
+# Per-user rates ("count/period": s, min, hour, day), counted atomically in Redis and per
+# process while Redis is away (redpack/ratelimit.py); empty means unthrottled.
 REDPACK_THROTTLE_RATES = {
     "grab": env.str("REDPACK_GRAB_RATE", default="120/min") or None,
     "send": env.str("REDPACK_SEND_RATE", default="30/min") or None,
+}
+# Login attempts (token, token refresh, admin login) per client IP and per username; 429 beyond.
+REDPACK_LOGIN_RATES = {
+    "ip": env.str("REDPACK_LOGIN_IP_RATE", default="30/min") or None,
+    "username": env.str("REDPACK_LOGIN_USERNAME_RATE", default="10/min") or None,
 }
 # Expiry: due activities are claimed in batches and leased while their refund runs.
 REDPACK_EXPIRY_BATCH = env.int("REDPACK_EXPIRY_BATCH", default=100)

@@ -15,4 +15,5 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tes
 WHITENOISE_AUTOREFRESH = True  # no collectstatic before tests
 # Throttling is tested on its own (tests/api/test_hostile.py); elsewhere it would only add noise.
 REDPACK_THROTTLE_RATES = {"grab": None, "send": None}
+REDPACK_LOGIN_RATES = {"ip": None, "username": None}  # tests/api/test_throttles.py turns them on
 REDPACK_REDIS_CLUSTER_URL = ""  # tests/strategies/test_redis_cluster.py starts its own cluster

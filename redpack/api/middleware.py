@@ -1,7 +1,11 @@
+import json
 from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
+
+from redpack import ratelimit
 
 from .errors import error_body
 
@@ -26,3 +30,60 @@ class RequestSizeLimitMiddleware:
                 error_body("too_large", f"request body over {limit} bytes"), status=413
             )
         return self.get_response(request)
+
+
+class CredentialThrottleMiddleware:
+    """Password guessing meets a limit: POSTs to the token endpoints and the admin login are
+    counted per client IP and per username (REDPACK_LOGIN_RATES), atomically in Redis
+    (redpack/ratelimit.py), and answered 429 with Retry-After beyond it."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST" and _is_credential_path(request.path):
+            wait = _credential_wait(request)
+            if wait is not None:
+                return _too_many(request, wait)
+        return self.get_response(request)
+
+
+def _is_credential_path(path: str) -> bool:
+    return path in {reverse("token-obtain"), reverse("token-refresh"), reverse("admin:login")}
+
+
+def _credential_wait(request: HttpRequest) -> float | None:
+    rates: dict[str, str | None] = settings.REDPACK_LOGIN_RATES
+    per_ip, per_username = rates.get("ip"), rates.get("username")
+    waits = []
+    if per_ip:
+        address = request.META.get("REMOTE_ADDR", "")
+        waits.append(ratelimit.hit("login-ip", address, ratelimit.Rate.parse(per_ip)))
+    username = _username(request)
+    if per_username and username:
+        who = username.lower()[:150]
+        waits.append(ratelimit.hit("login-user", who, ratelimit.Rate.parse(per_username)))
+    blocked = [wait for wait in waits if wait is not None]
+    return max(blocked) if blocked else None
+
+
+def _username(request: HttpRequest) -> str | None:
+    """The username a login names, from a form or a JSON body (a refresh names none)."""
+    if request.content_type == "application/json":
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            return None
+        name = body.get("username") if isinstance(body, dict) else None
+        return name if isinstance(name, str) else None
+    return request.POST.get("username") or None
+
+
+def _too_many(request: HttpRequest, wait: float) -> HttpResponse:
+    message = "too many login attempts; try again later"
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse(error_body("throttled", message), status=429)
+    else:
+        response = HttpResponse(message, status=429, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = str(int(wait))
+    return response

@@ -1,0 +1,109 @@
+"""Rate limits counted atomically in Redis (redpack/ratelimit.py): password guessing meets a
+429, a burst gets exactly its rate through, and Redis away is never a 500."""
+
+import threading
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack import ratelimit, services
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLOSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+@pytest.fixture(autouse=True)
+def one_window(monkeypatch):  # type: ignore[no-untyped-def]
+    """Every request of a test in the same window, whatever the wall clock does meanwhile, and
+    no per-process counts left from another test."""
+    monkeypatch.setattr(ratelimit, "clock", lambda: 1_800_000_000.0)
+    monkeypatch.setattr(ratelimit, "_local", ratelimit._LocalCounters())
+
+
+@pytest.fixture
+def login_limits(settings):  # type: ignore[no-untyped-def]
+    settings.REDPACK_LOGIN_RATES = {"ip": "30/min", "username": "10/min"}
+
+
+def test_thirty_wrong_passwords_meet_a_429(login_limits, make_users):
+    (user,) = make_users(1)
+    client = APIClient()
+    codes = [
+        client.post(
+            "/api/token/", {"username": user.username, "password": "wrong"}, format="json"
+        ).status_code
+        for _ in range(30)
+    ]
+    assert codes[:10] == [401] * 10
+    assert set(codes[10:]) == {429}
+    refused = client.post(
+        "/api/token/", {"username": user.username, "password": "wrong"}, format="json"
+    )
+    assert refused.json()["error"]["code"] == "throttled"
+    assert 1 <= int(refused["Retry-After"]) <= 60
+
+
+def test_guessing_many_usernames_from_one_address_meets_a_429(login_limits):
+    client = APIClient()
+    codes = [
+        client.post(
+            "/api/token/", {"username": f"nobody{i}", "password": "x"}, format="json"
+        ).status_code
+        for i in range(31)
+    ]
+    assert codes[:30] == [401] * 30 and codes[30] == 429
+
+
+def test_the_admin_login_is_limited_too(login_limits, client):
+    get_user_model().objects.create_superuser("boss", "boss@example.com", "right-pass-123")
+    for _ in range(10):
+        page = client.post("/admin/login/", {"username": "boss", "password": "wrong"})
+        assert page.status_code == 200  # the form again, with its error
+    refused = client.post("/admin/login/", {"username": "boss", "password": "right-pass-123"})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+
+
+def test_a_burst_gets_exactly_its_rate_through(settings, sender, make_users):
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    (user,) = make_users(1)
+    token = str(AccessToken.for_user(user))
+    codes: list[int] = []
+    start = threading.Barrier(40)
+
+    def click() -> None:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        start.wait()
+        try:
+            codes.append(client.post(f"/api/activities/{activity.pk}/grab/").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=click) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(codes) == 40
+    assert codes.count(429) == 30  # ten through, not one more
+
+
+def test_with_redis_away_a_mysql_strategy_still_answers(settings, sender, make_users):
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    (user,) = make_users(1)
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": CLOSED}}
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    answers = [client.post(f"/api/activities/{activity.pk}/grab/") for _ in range(12)]
+    assert answers[0].json()["outcome"] == "grabbed"
+    assert [a.status_code for a in answers] == [200] * 10 + [429] * 2  # counted in-process
