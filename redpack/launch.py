@@ -55,6 +55,9 @@ class Backends:
     database_note: str
     redis_note: str
     embedded_redis: str | None = None  # "redis-server" or "fakeredis": the `redis` process
+    # The demo admin (admin / admin) is made only on a database `make run` chose itself (the
+    # local `redpack` database or embedded SQLite), or when REDPACK_DEMO_ADMIN asks for it.
+    demo_admin: bool = True
     embedded_redis_port: int | None = None
     reasons: list[str] = field(default_factory=list)  # why an embedded default was chosen
 
@@ -183,6 +186,8 @@ def decide(environ: dict[str, str]) -> Backends:
         broker_url=broker_url,
         database_note=database_note,
         redis_note=redis_note,
+        demo_admin=not environ.get("DATABASE_URL")
+        or environ.get("REDPACK_DEMO_ADMIN", "").lower() in {"1", "on", "true", "yes"},
         embedded_redis=embedded_redis,
         embedded_redis_port=embedded_port,
         reasons=reasons,
@@ -252,7 +257,7 @@ def command(name: str, **options: object) -> None:
             say(f"{name}: {line}")
 
 
-def prepare() -> None:
+def prepare(*, demo_admin: bool) -> None:
     """Database, static files, the demo admin and bench users: nothing here needs Redis."""
     import django
 
@@ -261,7 +266,8 @@ def prepare() -> None:
     command("create_database")
     command("migrate", interactive=False, verbosity=0)
     command("collectstatic", interactive=False, verbosity=0)
-    command("create_demo_admin", username=DEMO_LOGIN[0], password=DEMO_LOGIN[1])
+    if demo_admin:  # created once, never reset (create_demo_admin)
+        command("create_demo_admin", username=DEMO_LOGIN[0], password=DEMO_LOGIN[1])
     command("create_bench_users", count=BENCH_USERS, output=os.environ["REDPACK_USERS_CSV"])
 
 
@@ -286,8 +292,13 @@ def answers(url: str) -> bool:
 def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -> list[str]:
     web = f"http://{args.host}:{args.port}"
     user, password = DEMO_LOGIN
+    login = (
+        f"log in as {user} / {password}"
+        if backends.demo_admin
+        else "your DATABASE_URL's users; `manage.py createsuperuser` makes one"
+    )
     lines = [
-        f"  admin     {web}/admin/   (log in as {user} / {password})",
+        f"  admin     {web}/admin/   ({login})",
         f"  API docs  {web}/api/docs/",
         f"  API       {web}/api/   (token: POST /api/token/ with username and password)",
         f"  health    {web}/healthz",
@@ -334,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     if backends.embedded_redis:
         processes.insert(0, "redis")
     say("preparing the database (migrate, static files, demo admin, bench users)")
-    prepare()
+    prepare(demo_admin=backends.demo_admin)
 
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

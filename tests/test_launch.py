@@ -71,6 +71,14 @@ def test_urls_from_the_environment_win_without_probing():
     assert backends.database_note == "DATABASE_URL (mysql://u:***@db.example:3306/x)"
     assert backends.broker_url == "redis://cache.example:6379/2"  # not the packet state's /1
     assert backends.reasons == []
+    assert not backends.demo_admin  # never an admin/admin on a database we were pointed at
+
+
+def test_the_demo_admin_only_on_a_database_make_run_chose():
+    assert launch.decide({"REDPACK_LOCAL_MYSQL": CLOSED, "REDPACK_LOCAL_REDIS": "off"}).demo_admin
+    configured = {"DATABASE_URL": "mysql://u:p@db.example/x", "REDPACK_LOCAL_REDIS": "off"}
+    assert not launch.decide(configured).demo_admin
+    assert launch.decide({**configured, "REDPACK_DEMO_ADMIN": "on"}).demo_admin
 
 
 def wait_for_ping(client: redis.Redis, process: subprocess.Popen) -> None:

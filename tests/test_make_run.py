@@ -351,7 +351,10 @@ def run_database() -> Iterator[str]:
 def test_make_run_on_mariadb_and_redis(start, run_database):  # type: ignore[no-untyped-def]
     stack = start(
         newcomer_env(
-            DATABASE_URL=run_database, REDIS_URL=RUN_REDIS_URL, CELERY_BROKER_URL=RUN_BROKER_URL
+            DATABASE_URL=run_database,
+            REDIS_URL=RUN_REDIS_URL,
+            CELERY_BROKER_URL=RUN_BROKER_URL,
+            REDPACK_DEMO_ADMIN="on",  # a database of its own: the demo admin is asked for
         )
     )
     stack.wait_for(READY, FIRST_RUN_TIMEOUT)

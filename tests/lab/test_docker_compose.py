@@ -94,3 +94,24 @@ def test_locust_workers_can_be_scaled():
     worker = SERVICES["locust-worker"]
     assert "ports" not in worker and "container_name" not in worker
     assert "--master-host" in worker["command"]
+
+
+def test_no_default_secret_key():
+    """Compose refuses to start without SECRET_KEY (`${SECRET_KEY:?…}`) rather than signing
+    tokens with a key everybody can read here."""
+    for service in APP.values():
+        value = service["environment"]["SECRET_KEY"]
+        assert value.startswith("${SECRET_KEY:?"), value
+
+
+def test_ports_listen_on_loopback_unless_told_otherwise():
+    published = [port for service in SERVICES.values() for port in service.get("ports", [])]
+    assert published
+    for port in published:
+        assert str(port).startswith("${BIND_ADDRESS:-127.0.0.1}:"), port
+
+
+def test_the_demo_admin_password_can_be_chosen():
+    """create_demo_admin makes the user once and never resets it (tests/management)."""
+    setup = " ".join(SERVICES["setup"]["command"])
+    assert 'create_demo_admin --username admin --password "${DEMO_ADMIN_PASSWORD:-admin}"' in setup

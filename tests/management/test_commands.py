@@ -30,8 +30,8 @@ def test_create_bench_users_writes_working_tokens(tmp_path, sender):
     assert outcomes == ["grabbed", "grabbed", "sold_out"]
 
 
-def test_create_demo_admin_is_idempotent():
+def test_create_demo_admin_never_resets_an_existing_user():
     call_command("create_demo_admin", "--username", "demo", "--password", "demo-pass-1")
     call_command("create_demo_admin", "--username", "demo", "--password", "demo-pass-2")
     user = get_user_model().objects.get(username="demo")
-    assert user.is_staff and user.is_superuser and user.check_password("demo-pass-2")
+    assert user.is_staff and user.is_superuser and user.check_password("demo-pass-1")

@@ -3,7 +3,10 @@ from django.core.management.base import BaseCommand, CommandParser
 
 
 class Command(BaseCommand):
-    help = "Create (or reset) the demo admin user that `make run` prints."
+    help = (
+        "Create the demo admin user that `make run` prints, once: an existing user of that name "
+        "is left as it is (its password is never reset)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
@@ -11,8 +14,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         User = get_user_model()
-        user, created = User.objects.get_or_create(username=options["username"])
-        user.is_staff = user.is_superuser = True
-        user.set_password(str(options["password"]))
-        user.save()
-        self.stdout.write(f"demo admin {'created' if created else 'updated'}: {user.username}")
+        username = str(options["username"])
+        if User.objects.filter(username=username).exists():
+            self.stdout.write(f"demo admin {username} exists: left as it is")
+            return
+        User.objects.create_superuser(username=username, password=str(options["password"]))
+        self.stdout.write(f"demo admin created: {username}")
