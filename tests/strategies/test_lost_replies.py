@@ -229,3 +229,25 @@ def test_a_lock_that_expired_mid_grab_does_not_let_the_answers_part(
     assert second.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED}
     assert rows == {user.pk: second.amount_cents}
     assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", SYNC)
+def test_a_grab_left_in_redis_only_is_reported_not_guessed(
+    strategy, redis_proxy, make_users, sender
+):
+    """Replies lost for good and no retry: the auditor names the grab Redis holds without a
+    MySQL row, until the user's retry writes it."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    redis_proxy.drop_reply(
+        grab_script_sha(strategy), times=django_settings.REDPACK_REDIS_GRAB_RERUNS + 1
+    )
+    with pytest.raises(OutcomeUnknown):
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+
+    activity.refresh_from_db()
+    violations = " ".join(audit_activity(activity).violations)
+    assert f"user {user.pk} has nothing in MySQL but" in violations
+    retry = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+    assert retry.outcome is Outcome.GRABBED
+    assert_consistent(activity)
