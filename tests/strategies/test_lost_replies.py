@@ -21,7 +21,7 @@ from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry
 from strategies.base import GrabResult, Outcome
-from strategies.lua import script
+from strategies.lua import redis_client, script
 from strategies.redis_state import RedisStateStrategy
 from strategies.redis_state.keys import Keys
 from tests.faults import FaultProxy
@@ -251,3 +251,11 @@ def test_a_grab_left_in_redis_only_is_reported_not_guessed(
     retry = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
     assert retry.outcome is Outcome.GRABBED
     assert_consistent(activity)
+
+
+def test_the_redis_client_has_the_timeouts_and_resends_nothing():
+    client = redis_client()
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["retry"].get_retries() == 0  # no blind re-send of a grab script
+    assert kwargs["socket_timeout"] == django_settings.REDIS_SOCKET_TIMEOUT
+    assert kwargs["socket_connect_timeout"] == django_settings.REDIS_CONNECT_TIMEOUT

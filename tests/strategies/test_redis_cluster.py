@@ -175,3 +175,11 @@ def test_persister_on_cluster(on_cluster, make_users, sender):
         registry.get("redis_queue_async").close(activity_id=activity.pk)
     persister.reclaim_all(min_idle_seconds=0, run_seconds=30)
     assert stream.registered() == []
+
+
+def test_the_cluster_client_has_the_timeouts_and_resends_nothing(on_cluster, settings):
+    assert on_cluster.retry.get_retries() == 0  # a lost reply is settled by the strategy
+    node = on_cluster.get_default_node().redis_connection
+    kwargs = node.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == settings.REDIS_SOCKET_TIMEOUT
+    assert kwargs["socket_connect_timeout"] == settings.REDIS_CONNECT_TIMEOUT
