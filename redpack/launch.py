@@ -382,7 +382,8 @@ def announce(
     health: dict | None = None
     while honcho.poll() is None and time.monotonic() < deadline:
         health = fetch_health(web)
-        if health and health["checks"]["database"] == "ok" and health["checks"]["redis"] == "ok":
+        # degraded: the database and Redis answer, the broker or the worker not yet.
+        if health and health.get("status") in {"ok", "degraded"}:
             if not seeded:
                 seeded = True
                 try:
