@@ -122,7 +122,9 @@ class RedisStateStrategy(GrabStrategy):
 
         The mark first passes to this attempt (lua/adopt.lua), so the earlier one can no
         longer give it back; then this attempt writes the same row. Should the earlier one
-        still be writing, UNIQUE (activity, user) keeps one row and both answer `grabbed`.
+        still be writing, UNIQUE (activity, user) keeps one row. The answer is
+        `already_grabbed` with the amount: the user holds that earlier attempt's grab, and
+        that attempt, if it still answers, is the one that says `grabbed`.
         """
         assert reply.mark is not None and reply.epoch is not None
         try:
@@ -139,7 +141,7 @@ class RedisStateStrategy(GrabStrategy):
             activity_id,
             user_id,
         )
-        return self.record(activity_id, user_id, reply, attempt)
+        return self.record(activity_id, user_id, reply, attempt, adopted=True)
 
     def without_state(self, activity_id: int) -> GrabResult:
         row = Activity.objects.filter(pk=activity_id).values_list("status", "expires_at").first()
@@ -153,7 +155,15 @@ class RedisStateStrategy(GrabStrategy):
         )
         return GrabResult(Outcome.CONTENDED)
 
-    def record(self, activity_id: int, user_id: int, reply: GrabReply, attempt: str) -> GrabResult:
+    def record(
+        self,
+        activity_id: int,
+        user_id: int,
+        reply: GrabReply,
+        attempt: str,
+        *,
+        adopted: bool = False,
+    ) -> GrabResult:
         """Write the grab Redis decided to MySQL before answering (rows.py)."""
         assert reply.mark is not None and reply.epoch is not None
         return write_grab(
@@ -162,6 +172,7 @@ class RedisStateStrategy(GrabStrategy):
             mark_text=reply.mark,
             epoch=reply.epoch,
             attempt=attempt,
+            adopted=adopted,
         )
 
     def close(self, *, activity_id: int) -> CloseResult:

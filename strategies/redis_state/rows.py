@@ -22,11 +22,23 @@ class PacketTaken(Exception):
 
 
 def write_grab(
-    *, activity_id: int, user_id: int, mark_text: str, epoch: str, attempt: str
+    *,
+    activity_id: int,
+    user_id: int,
+    mark_text: str,
+    epoch: str,
+    attempt: str,
+    adopted: bool = False,
 ) -> GrabResult:
-    """One transaction: the surplus, the detail row and, for a pre-split packet, its claim."""
+    """One transaction: the surplus, the detail row and, for a pre-split packet, its claim.
+
+    `adopted`: this attempt writes a grab an earlier attempt of the user made (adopt()), so
+    it answers `already_grabbed`; the attempt that made the grab is the one that says
+    `grabbed`, and a user is told `grabbed` once.
+    """
     cents, packet_id = parse_mark(mark_text)
     this_grab = GrabRow(user_id, cents, packet_id)
+    won = GrabResult(Outcome.ALREADY_GRABBED if adopted else Outcome.GRABBED, cents)
     try:
         with transaction.atomic():
             record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
@@ -49,17 +61,23 @@ def write_grab(
         if held == this_grab:
             # Another attempt of this user wrote this very grab (it took the mark over, or it
             # made it and this one took it over): one row, and it is this one.
-            return GrabResult(Outcome.GRABBED, cents)
+            return won
         release(activity_id, user_id, mark_text, epoch, attempt, restore=True)
         # MySQL knew of this user's grab although Redis did not, or the user is gone.
         return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
     except Exception as exc:
-        return after_failed_write(activity_id, this_grab, mark_text, epoch, attempt, exc)
-    return GrabResult(Outcome.GRABBED, cents)
+        return after_failed_write(activity_id, this_grab, mark_text, epoch, attempt, exc, won)
+    return won
 
 
 def after_failed_write(
-    activity_id: int, grab: GrabRow, mark_text: str, epoch: str, attempt: str, exc: Exception
+    activity_id: int,
+    grab: GrabRow,
+    mark_text: str,
+    epoch: str,
+    attempt: str,
+    exc: Exception,
+    won: GrabResult,
 ) -> GrabResult:
     """The transaction raised: rolled back, or, if the connection dropped during COMMIT, maybe
     committed. Outcome unknown until MySQL says which (written_row; OutcomeUnknown when it
@@ -72,7 +90,7 @@ def after_failed_write(
             grab.user_id,
             exc,
         )
-        return GrabResult(Outcome.GRABBED, grab.cents)
+        return won
     release(activity_id, grab.user_id, mark_text, epoch, attempt, restore=True)
     if held is not None:
         return GrabResult(Outcome.ALREADY_GRABBED, held.cents)

@@ -249,7 +249,8 @@ def test_a_grab_left_in_redis_only_is_reported_not_guessed(
     violations = " ".join(audit_activity(activity).violations)
     assert f"user {user.pk} has nothing in MySQL but" in violations
     retry = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
-    assert retry.outcome is Outcome.GRABBED
+    assert retry.outcome is Outcome.ALREADY_GRABBED  # the grab the lost replies made
+    assert settled_rows(activity) == {user.pk: retry.amount_cents}
     assert_consistent(activity)
 
 
@@ -259,3 +260,40 @@ def test_the_redis_client_has_the_timeouts_and_resends_nothing():
     assert kwargs["retry"].get_retries() == 0  # no blind re-send of a grab script
     assert kwargs["socket_timeout"] == django_settings.REDIS_SOCKET_TIMEOUT
     assert kwargs["socket_connect_timeout"] == django_settings.REDIS_CONNECT_TIMEOUT
+
+
+def test_a_click_outwaited_by_its_double_is_told_grabbed_once(monkeypatch, make_users, sender):
+    """redis_queue: the first click is stalled between Redis and MySQL longer than a double
+    click waits for it; the double click writes the row. One row, one `grabbed`."""
+    activity = send(sender, "redis_queue")
+    (user,) = make_users(1)
+    won, go = threading.Event(), threading.Event()
+    record = RedisStateStrategy.record
+
+    def first_waits(self, *args, **kwargs) -> GrabResult:  # type: ignore[no-untyped-def]
+        if not won.is_set():
+            won.set()
+            assert go.wait(60)
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStateStrategy, "record", first_waits)
+    answers: dict[str, GrabResult] = {}
+
+    def first_click() -> None:
+        try:
+            answers["first"] = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_click)
+    first.start()
+    assert won.wait(30)
+    double = services.activity_grab(activity_id=activity.pk, user_id=user.pk)  # waits, adopts
+    go.set()
+    first.join(60)
+
+    outcomes = [answers["first"].outcome, double.outcome]
+    assert outcomes == [Outcome.GRABBED, Outcome.ALREADY_GRABBED]
+    assert answers["first"].amount_cents == double.amount_cents
+    assert settled_rows(activity) == {user.pk: double.amount_cents}
+    assert_consistent(activity)
