@@ -305,6 +305,9 @@ REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
 # Their keys expire this many seconds after the activity does (or after it closes).
 REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 # Times a grab script is sent again, under the same attempt, after its reply was lost (count).
+# Batched strategies (strategies/combiner.py): the most grabs of one activity one batch takes
+# (one Redis script run, one MySQL transaction). Batches form only under contention.
+REDPACK_BATCH_MAX = env.int("REDPACK_BATCH_MAX", default=64)
 REDPACK_REDIS_GRAB_RERUNS = env.int("REDPACK_REDIS_GRAB_RERUNS", default=2)
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.

@@ -11,7 +11,9 @@ BUILTIN = {
     "preallocated": "strategies.preallocated.PreallocatedStrategy",
     "preallocated_skip_locked": "strategies.preallocated_skip_locked.SkipLockedStrategy",
     "unsafe": "strategies.unsafe.UnsafeStrategy",
+    "group_commit": "strategies.group_commit.GroupCommitStrategy",
     "redis_queue": "strategies.redis_queue.RedisQueueStrategy",
+    "redis_queue_single": "strategies.redis_queue.RedisQueueSingleStrategy",
     "redis_counter": "strategies.redis_counter.RedisCounterStrategy",
     "redis_queue_async": "strategies.redis_queue_async.RedisQueueAsyncStrategy",
 }

@@ -7,7 +7,8 @@
   grab row: the first grab's amount, or 403 for a user that does not exist.
 - `take_from_surplus` + `insert_grab_rows` (`record_grab` for one): the surplus decrement and the
   grab rows, in the lock order below.
-- `claim_packet`, `split_into_packets`: the pre-split packets (t_redpack).
+- `claim_packet` (`claim_packets` for a batch), `split_into_packets`: the pre-split packets
+  (t_redpack).
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
 
@@ -25,7 +26,7 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from redpack import allocation
@@ -221,6 +222,24 @@ def claim_packet(
     return bool(
         packet.update(status=PacketStatus.TAKEN, grabbed_by_id=user_id, version=F("version") + 1)
     )
+
+
+def claim_packets(rows: list[GrabRow]) -> bool:
+    """`claim_packet` for a batch, in one UPDATE: True when every row's packet was available
+    at that amount and is now taken by its user; False when any was not (the caller's
+    transaction must then roll back).
+
+    Call it only while holding the activity row exclusively (see the module docstring).
+    """
+    matching = Q()
+    for row in rows:
+        matching |= Q(pk=row.packet_id, amount=from_cents(row.cents))
+    updated = Packet.objects.filter(matching, status=PacketStatus.AVAILABLE).update(
+        status=PacketStatus.TAKEN,
+        grabbed_by_id=Case(*[When(pk=row.packet_id, then=Value(row.user_id)) for row in rows]),
+        version=F("version") + 1,
+    )
+    return updated == len(rows)
 
 
 def close_row_locked(*, activity_id: int) -> CloseResult:

@@ -47,24 +47,26 @@ _STATE = (
 # strategy prepared: script (strategies/lua/), number of KEYS, then KEYS and ARGV (each
 # script's header says which), with $activity, $user (a random user) and $now_ms filled in.
 # The others have none (MySQL does their work; distributed_lock's Redis part is redis-py's Lock).
+# A batch of one user per call: the one-grab-per-round-trip rate the batched strategies aim past.
 STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
     "redis_counter": (
         "counter_grab.lua",
         "4",
         *_STATE,
-        "$user",
         "$now_ms",
-        "$user",  # the attempt token: a user drawn again re-runs its attempt (one answer)
         "12345",
+        "$user",
+        "$user",  # the attempt token: a user drawn again re-runs its attempt (one answer)
     ),
-    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$user", "$now_ms", "$user"),
+    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$now_ms", "$user", "$user"),
+    "redis_queue_single": ("queue_grab.lua", "4", *_STATE, "$now_ms", "$user", "$user"),
     "redis_queue_async": (
         "queue_grab.lua",
         "5",
         *_STATE,
         "rp:{$activity}:persist",
-        "$user",
         "$now_ms",
+        "$user",
         "$user",
     ),
 }

@@ -1,10 +1,11 @@
 """Redis queue, asynchronous persistence (seed 001 基于Redis队列,异步入库; seed 002's batch writer).
 
 Send: as redis_queue (pre-split t_redpack rows, pushed to the list rp:{id}:packets when the send
-commits); the activity also joins the index the persister scans. Grab: one EVALSHA
-(lua/queue_grab.lua with the persist stream as fifth key) checks closed and expired, dedupes,
-pops a packet, records user -> packet and appends {user, packet} to the stream rp:{id}:persist,
-atomically, and the answer comes from Redis alone: `grabbed` means "in the stream", not "in
+commits); the activity also joins the index the persister scans. Grab: concurrent grabs of the
+activity in this process join a batch (strategies/combiner.py); one EVALSHA (lua/queue_grab.lua
+with the persist stream as fifth key) checks closed and expired, dedupes, pops a packet, records
+user -> packet and appends {user, packet} to the stream rp:{id}:persist for every member,
+atomically, and the answers come from Redis alone: `grabbed` means "in the stream", not "in
 MySQL". A repeated click finds the mark and answers `already_grabbed` at once. MySQL is not on
 the path (selectors.activity_strategy reads an activity's strategy name from MySQL once per
 process and keeps it; a missing Redis state reads the activity row once, as for redis_queue).
@@ -16,10 +17,11 @@ for an activity's stream to empty, and helps by persisting it in the caller's pr
 
 What it locks: nothing on the grab path; the persister locks the activity row once per batch.
 What it checks twice: the persister, under that lock, skips users MySQL already holds, so a
-grab delivered twice writes once. Round trips: one EVALSHA per grab; MySQL gets ~6 statements
-per batch of up to REDPACK_PERSIST_BATCH grabs. The price: until persisted, an acknowledged
-grab lives only in Redis, so that Redis needs AOF (appendfsync everysec loses at most about a
-second of grabs if its machine dies) and noeviction; MySQL trails by the persist lag.
+grab delivered twice writes once. Round trips: one EVALSHA per batch of grabs; MySQL gets ~6
+statements per batch of up to REDPACK_PERSIST_BATCH grabs. The price: until persisted, an
+acknowledged grab lives only in Redis, so that Redis needs AOF (appendfsync everysec loses at
+most about a second of grabs if its machine dies) and noeviction; MySQL trails by the persist
+lag.
 """
 
 import logging
@@ -46,6 +48,7 @@ from ..redis_queue import RedisQueueStrategy
 from ..redis_state.audit import Snapshot
 from ..redis_state.keys import Keys, new_attempt, now_ms, parse_mark
 from ..redis_state.rebuild import Recorded
+from ..redis_state.rows import Won
 from ..steps import close_row_locked
 from . import persister, stream
 
@@ -86,14 +89,18 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         still on its way to MySQL, in the same atomic step."""
         self.install(activity_id)
 
+    marks_are_final = True  # in the stream is durable: see grab
+
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        # In the stream is durable: a mark made by an earlier attempt (even one whose reply was
-        # lost) is on its way to MySQL, so `already_grabbed` needs no check.
-        reply = self.run_grab("queue_grab", activity_id, user_id, new_attempt())
-        if reply.outcome == "grabbed":
-            assert reply.mark is not None
-            return GrabResult(Outcome.GRABBED, parse_mark(reply.mark)[0])
-        return self.answer(reply, activity_id)
+        # A mark made by an earlier attempt (even one whose reply was lost) is on its way to
+        # MySQL, so `already_grabbed` needs no check and every decision is an answer.
+        decided = self.decide(activity_id, user_id, new_attempt())
+        assert isinstance(decided, GrabResult)
+        return decided
+
+    def write(self, activity_id: int, won: list[Won]) -> list[GrabResult | Exception]:
+        """Nothing to write before the answer: the script put the grabs in the stream."""
+        return [GrabResult(Outcome.GRABBED, parse_mark(grab.mark)[0]) for grab in won]
 
     def close(self, *, activity_id: int) -> CloseResult:
         """Close in Redis, where the truth is: what it holds then is what is left, once the

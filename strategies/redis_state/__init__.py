@@ -12,13 +12,22 @@ waits for a rebuild.
 
 - keys.py: key names (one hash tag per activity), marks, running a grab script.
 - rebuild.py: MySQL's side of the state, and writing it to Redis.
-- rows.py: the MySQL write of a grab Redis decided, and giving Redis back on failure.
+- rows.py: the MySQL write of the grabs Redis decided (group commit for a batch), and giving
+  Redis back on failure.
+
+Batching (strategies/combiner.py): concurrent grabs of one activity in one process join a batch;
+one script run decides all of them (lua/queue_grab.lua, lua/counter_grab.lua take many users)
+and one MySQL transaction writes the winners. A lone grab is a batch of one. `batched = False`
+keeps the seeds' one grab per round trip, for comparison.
 - audit.py: Redis against MySQL, difference by difference.
 """
 
 import logging
 import time
+from collections.abc import Hashable, Sequence
 from datetime import timedelta
+from functools import cached_property
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import transaction
@@ -29,24 +38,130 @@ from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
 from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
+from ..combiner import Combiner
 from ..lua import redis_client, script
-from ..steps import close_row_locked, held_marks
+from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
-from .keys import GrabReply, Keys, now_ms, parse_mark, run_grab
+from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs
 from .rebuild import Recorded, install
-from .rows import write_grab
+from .rows import Won, write_grab, write_grabs
 
 logger = logging.getLogger(__name__)
 
 CLOSE_SETTLE_SECONDS = 5.0  # how long close() waits for grabs still writing MySQL
 REBUILD_SETTLE_SECONDS = 5.0  # how long a rebuild waits for grabs still writing MySQL
 REBUILD_FENCE_MARGIN_SECONDS = 30.0  # the fence outlives that wait by this much, then lifts
+DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
+
+Member = tuple[int, str]  # (user_id, attempt) in a batch
+Decision = GrabResult | GrabReply  # a reply: already_grabbed by another attempt, not yet settled
 
 
 class RedisStateStrategy(GrabStrategy):
     """A grab is decided by one Lua script in Redis, then written to MySQL before the answer."""
 
     rebuildable = True
+    grab_script: ClassVar[str]  # lua/<grab_script>.lua decides a batch of grabs
+    batched: ClassVar[bool] = True  # False: one grab per round trip (the seeds' way)
+    # A mark in Redis is a final grab (redis_queue_async: it is in the persist stream), so
+    # `already_grabbed` is answered from it; else only once MySQL holds the row.
+    marks_are_final: ClassVar[bool] = False
+
+    @cached_property
+    def combiner(self) -> Combiner[Member, Decision]:
+        return Combiner(self.decide_batch, cap=lambda: settings.REDPACK_BATCH_MAX)
+
+    def script_extra(self) -> tuple[int, ...]:
+        """ARGV the grab script takes before the users (fresh per script run)."""
+        return ()
+
+    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        attempt = new_attempt()
+        give_up = time.monotonic() + DUPLICATE_WAIT_SECONDS
+        pause = 0.005
+        while True:
+            decided = self.decide(activity_id, user_id, attempt)
+            if isinstance(decided, GrabResult):
+                return decided
+            held = held_cents(activity_id=activity_id, user_id=user_id)
+            if held is not None:
+                return GrabResult(Outcome.ALREADY_GRABBED, held)
+            if time.monotonic() >= give_up:
+                # No write came: the attempt that made the mark lost its reply (and answered
+                # outcome_unknown) or died. This one writes it, fenced (adopt).
+                return self.adopt(activity_id, user_id, decided, attempt)
+            # The first click is still writing MySQL (or giving its packet back): back off, so
+            # repeated clicks do not pile queries on the database the first one is waiting for.
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
+
+    def decide(self, activity_id: int, user_id: int, attempt: str) -> Decision:
+        """This attempt's grab, decided in Redis (in a batch when `batched`) and, when won,
+        written to MySQL."""
+        if self.batched:
+            return self.combiner.submit(activity_id, (user_id, attempt))
+        (decided,) = self.decide_batch(activity_id, [(user_id, attempt)])
+        if isinstance(decided, Exception):
+            raise decided
+        return decided
+
+    def decide_batch(
+        self, activity_id: Hashable, members: list[Member]
+    ) -> Sequence[Decision | Exception]:
+        """One script run for the batch, one write for its winners, one decision per member.
+
+        A member whose user already holds a grab made by another member of this batch, now
+        written, is answered here; one whose grab was made by an attempt outside the batch gets
+        the reply, and its own call settles it (`grab`)."""
+        assert isinstance(activity_id, int)
+        replies = run_grabs(
+            self.grab_script, self.state_keys(activity_id), members, *self.script_extra()
+        )
+        won = [
+            Won(user_id, attempt, reply.mark or "", reply.epoch or "")
+            for (user_id, attempt), reply in zip(members, replies, strict=True)
+            if reply.outcome == "grabbed"
+        ]
+        answers = self.write(activity_id, won) if won else []
+        written = dict(zip((w.attempt for w in won), answers, strict=True))
+        # Users holding a grab made outside this batch: their rows, in one query (the write
+        # above comes first: a row it just wrote counts).
+        elsewhere = [
+            user_id
+            for (user_id, _), reply in zip(members, replies, strict=True)
+            if reply.outcome == "already_grabbed" and reply.holder not in written
+        ]
+        if self.marks_are_final:
+            elsewhere = []
+        held = self.held_rows(activity_id, elsewhere) if elsewhere else {}
+        decisions: list[Decision | Exception] = []
+        for (user_id, attempt), reply in zip(members, replies, strict=True):
+            if reply.outcome == "grabbed":
+                decisions.append(written[attempt])
+            elif reply.outcome != "already_grabbed" or self.marks_are_final:
+                decisions.append(self.answer(reply, activity_id))
+            elif user_id in held:
+                decisions.append(GrabResult(Outcome.ALREADY_GRABBED, held[user_id]))
+            elif (first := written.get(reply.holder or "")) is not None and (
+                isinstance(first, GrabResult) and first.outcome is Outcome.GRABBED
+            ):
+                cents = parse_mark(reply.mark or "")[0]
+                decisions.append(GrabResult(Outcome.ALREADY_GRABBED, cents))
+            else:
+                decisions.append(reply)
+        return decisions
+
+    def held_rows(self, activity_id: int, user_ids: list[int]) -> dict[int, int]:
+        """user -> cents of the grabs MySQL holds for these users (a mark is answered
+        `already_grabbed` once its row is there)."""
+        return {
+            user_id: row.cents
+            for user_id, row in held_marks(activity_id=activity_id, user_ids=user_ids).items()
+        }
+
+    def write(self, activity_id: int, won: list[Won]) -> list[GrabResult | Exception]:
+        """Write the grabs a script run made to MySQL before they are answered (rows.py)."""
+        return write_grabs(activity_id=activity_id, grabs=won)
 
     def state_keys(self, activity_id: int) -> list[str]:
         """The KEYS every script of this strategy gets."""
@@ -104,8 +219,9 @@ class RedisStateStrategy(GrabStrategy):
     def run_grab(
         self, name: str, activity_id: int, user_id: int, attempt: str, *extra: int
     ) -> GrabReply:
-        """Run a grab script for one attempt (keys.run_grab settles a lost reply)."""
-        return run_grab(name, self.state_keys(activity_id), user_id, attempt, *extra)
+        """Run a grab script for one attempt alone (keys.run_grabs settles a lost reply)."""
+        (reply,) = run_grabs(name, self.state_keys(activity_id), [(user_id, attempt)], *extra)
+        return reply
 
     def answer(self, reply: GrabReply, activity_id: int) -> GrabResult:
         """The answer for a grab script's refusal."""

@@ -83,7 +83,7 @@ def new_attempt() -> str:
 
 @dataclass(frozen=True)
 class GrabReply:
-    """What a grab script answered (lua/counter_grab.lua, lua/queue_grab.lua)."""
+    """What a grab script answered for one user (lua/counter_grab.lua, lua/queue_grab.lua)."""
 
     outcome: str
     mark: str | None = None
@@ -91,17 +91,23 @@ class GrabReply:
     holder: str | None = None  # already_grabbed: the attempt that made the mark
 
 
-def run_grab(name: str, keys: list[str], user_id: int, attempt: str, *extra: int) -> GrabReply:
-    """Run a grab script (lua/<name>.lua) for one attempt, settling a lost reply.
+def run_grabs(
+    name: str, keys: list[str], members: list[tuple[int, str]], *extra: int
+) -> list[GrabReply]:
+    """Run a grab script (lua/<name>.lua) for a batch of (user, attempt), settling a lost reply;
+    one reply per member, in order.
 
     Outcome unknown: when the connection drops or times out after the request left, the script
     may have run. The scripts are idempotent per attempt, so the same call is sent again on a
-    new connection (REDPACK_REDIS_GRAB_RERUNS times): it returns the first run's answer, never
+    new connection (REDPACK_REDIS_GRAB_RERUNS times): it returns the first run's answers, never
     a second packet. The client itself re-sends nothing (settings: its retries are off). If
-    Redis still does not answer, OutcomeUnknown (503 with Retry-After): the mark may be in
-    Redis, and the user's retry converges on it (RedisStateStrategy.adopt).
+    Redis still does not answer, OutcomeUnknown (503 with Retry-After) for the whole batch: the
+    marks may be in Redis, and each user's retry converges on its own
+    (RedisStateStrategy.adopt).
     """
-    args: list[int | str] = [user_id, now_ms(), attempt, *extra]
+    args: list[int | str] = [now_ms(), *extra]
+    for user_id, attempt in members:
+        args += [user_id, attempt]
     for run in range(settings.REDPACK_REDIS_GRAB_RERUNS + 1):
         try:
             reply = script(name)(keys=keys, args=args)
@@ -109,8 +115,17 @@ def run_grab(name: str, keys: list[str], user_id: int, attempt: str, *extra: int
             logger.warning("%s: reply %d lost (%s); the outcome is unknown", name, run + 1, exc)
             lost = exc
             continue
-        parts = [part.decode() for part in reply]
-        return GrabReply(*parts)
+        epoch = reply[0].decode() or None
+        parts = [part.decode() for part in reply[1:]]
+        return [
+            GrabReply(
+                outcome,
+                mark or None,
+                epoch,
+                holder if outcome == "already_grabbed" else None,
+            )
+            for outcome, mark, holder in zip(parts[::3], parts[1::3], parts[2::3], strict=True)
+        ]
     raise OutcomeUnknown(
         "the grab's reply was lost and Redis does not answer; retry to learn the outcome"
     ) from lost

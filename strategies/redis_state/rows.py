@@ -1,16 +1,32 @@
-"""Write a grab Redis decided to MySQL before the answer; if that fails, give Redis back what it
-took (lua/release.lua), so nothing is lost and the user may retry. When the write's outcome is
-unknown (the connection dropped, maybe during COMMIT), MySQL is asked before anything is given
-back (steps.written_row): a grab that committed is answered `grabbed`, never undone."""
+"""Write the grabs Redis decided to MySQL before the answer; if that fails, give Redis back what
+it took (lua/release.lua), so nothing is lost and the user may retry. A batch (one script run
+for many users) is written by group commit, one transaction (`write_grabs`); should that fail,
+each grab is written on its own (`write_grab`), which settles whatever the failure left. When
+the write's outcome is unknown (the connection dropped, maybe during COMMIT), MySQL is asked
+before anything is given back (steps.written_row): a grab that committed is answered `grabbed`,
+never undone."""
 
 import logging
+from dataclasses import dataclass
 
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from redis.exceptions import RedisError
+
+from redpack.errors import OutcomeUnknown
 
 from ..base import GrabResult, Outcome
 from ..lua import script
-from ..steps import GrabRow, after_duplicate, claim_packet, held_marks, record_grab, written_row
+from ..steps import (
+    GrabRow,
+    after_duplicate,
+    claim_packet,
+    claim_packets,
+    held_marks,
+    insert_grab_rows,
+    record_grab,
+    take_from_surplus,
+    written_row,
+)
 from .keys import Keys, parse_mark
 
 logger = logging.getLogger(__name__)
@@ -19,6 +35,68 @@ logger = logging.getLogger(__name__)
 class PacketTaken(Exception):
     """MySQL does not hold the popped packet as available (or not at that amount): Redis and
     MySQL disagreed, so the packet is not given back to the list."""
+
+
+@dataclass(frozen=True)
+class Won:
+    """A grab a script run decided for a user, to be written to MySQL."""
+
+    user_id: int
+    attempt: str
+    mark: str
+    epoch: str
+
+
+def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exception]:
+    """Group commit: the grabs of one script run in one transaction (the surplus once, one
+    multi-row INSERT, one UPDATE of their packets), one answer per grab, in order.
+
+    One transaction, so after a failure either every row exists or none does. Whatever the
+    failure (a duplicate MySQL knew of, a packet MySQL does not hold, a dropped connection,
+    maybe during COMMIT), each grab is then written on its own by `write_grab`, which answers it
+    from what MySQL holds and gives back to Redis what was not written. When MySQL cannot be
+    asked at all, every grab not yet answered gets OutcomeUnknown and keeps its mark in Redis.
+    """
+    if len(grabs) > 1:
+        rows = [GrabRow(grab.user_id, *parse_mark(grab.mark)) for grab in grabs]
+        try:
+            with transaction.atomic():
+                take_from_surplus(
+                    activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
+                )
+                insert_grab_rows(activity_id=activity_id, rows=rows)
+                claims = [row for row in rows if row.packet_id is not None]
+                if claims and not claim_packets(claims):
+                    raise PacketTaken([row.packet_id for row in claims])
+        except Exception as exc:  # noqa: BLE001 - settled grab by grab below
+            logger.info(
+                "activity %s: a batch of %d grabs was not written at once (%r); "
+                "writing them one by one",
+                activity_id,
+                len(grabs),
+                exc,
+            )
+            connection.close_if_unusable_or_obsolete()
+        else:
+            return [GrabResult(Outcome.GRABBED, row.cents) for row in rows]
+    answers: list[GrabResult | Exception] = []
+    for grab in grabs:
+        try:
+            answers.append(
+                write_grab(
+                    activity_id=activity_id,
+                    user_id=grab.user_id,
+                    mark_text=grab.mark,
+                    epoch=grab.epoch,
+                    attempt=grab.attempt,
+                )
+            )
+        except OutcomeUnknown as exc:
+            answers += [exc] * (len(grabs) - len(answers))  # MySQL cannot be asked
+            break
+        except Exception as exc:  # noqa: BLE001 - this grab's answer (e.g. 403), not the others'
+            answers.append(exc)
+    return answers
 
 
 def write_grab(

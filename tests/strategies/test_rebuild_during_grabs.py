@@ -52,15 +52,15 @@ def test_a_rebuild_waits_for_the_grabs_that_won_before_it(
     )
     early, during = make_users(2)
     won, go = threading.Event(), threading.Event()
-    record = RedisStateStrategy.record
+    write = RedisStateStrategy.write
 
-    def record_once_let_go(self, *args, **kwargs) -> GrabResult:  # type: ignore[no-untyped-def]
+    def write_once_let_go(self, *args, **kwargs) -> GrabResult:  # type: ignore[no-untyped-def]
         if not go.is_set():  # the first grab: Redis decided, MySQL not yet written
             won.set()
             assert go.wait(30)
-        return record(self, *args, **kwargs)
+        return write(self, *args, **kwargs)
 
-    monkeypatch.setattr(RedisStateStrategy, "record", record_once_let_go)
+    monkeypatch.setattr(RedisStateStrategy, "write", write_once_let_go)
     grabber, grabbed = in_thread(services.activity_grab, activity_id=activity.pk, user_id=early.pk)
     assert won.wait(30)
 
@@ -68,7 +68,10 @@ def test_a_rebuild_waits_for_the_grabs_that_won_before_it(
     meta = Keys(activity.pk).meta
     redis = get_redis_connection("default")
     wait_for(lambda: redis.hexists(meta, "fenced_until_ms"), "the rebuild to fence the activity")
-    fenced = services.activity_grab(activity_id=activity.pk, user_id=during.pk)
+    # From another process (a strategy instance of its own): in this one, the grab would join
+    # the batch after the stalled one.
+    other_process = type(registry.get(strategy))()
+    fenced = other_process.grab(activity_id=activity.pk, user_id=during.pk)
     assert fenced.outcome is Outcome.CONTENDED  # no grab while the state is being rebuilt
     go.set()
     grabber.join(60)

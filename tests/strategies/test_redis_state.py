@@ -262,9 +262,9 @@ def test_redis_counter_first_draw_has_the_allocations_mean(
         far = now_ms() + 60_000
         script("install")(keys=keys, args=["e", "open", far, far, allocation, count, remaining, 0])
         reply = script("counter_grab")(
-            keys=keys, args=[user_id, now_ms(), "attempt", secrets.randbelow(2**31)]
+            keys=keys, args=[now_ms(), secrets.randbelow(2**31), user_id, "attempt"]
         )
-        draws.append(int(reply[1]))
+        draws.append(int(reply[2]))  # epoch, then (outcome, mark, holder)
     assert min(draws) >= 1 and max(draws) <= remaining - (count - 1)
     assert abs(sum(draws) / DRAWS - mean) < 5 * deviation / DRAWS**0.5
 

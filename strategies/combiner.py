@@ -1,0 +1,147 @@
+"""Flat combining: concurrent grabs of one activity in one process join a batch, run by one of
+them, so that N waiting grabs cost one round trip (one Redis script, one MySQL transaction).
+
+Per key (a strategy's activity), a FIFO of pending items and a "batch running" flag. A caller
+appends its item; if no batch runs, it leads: it takes up to `cap` items from the front (its own
+is the first), runs them with `run_batch` on its own connections, hands every member its answer,
+then passes the lead to the oldest item still pending, and returns its own answer. Every other
+caller waits on its own event for its answer, or for the lead. So:
+
+- never a timer: a lone grab runs at once, as a batch of one; batches grow only with contention
+  (the items that arrived while the previous batch ran), up to `cap`;
+- a caller waits for at most the batch running when it arrived and its own;
+- keys are independent: no caller waits on another activity's batch;
+- followers touch no database connection while they wait (Django's are per thread);
+- a follower may give up (`timeout`) only while its item is still pending: it is removed under
+  the lock; once a batch has taken the item, the caller waits for its answer.
+
+`run_batch(key, items)` returns one answer per item, in order; an answer that is an exception is
+raised in that member's thread. If `run_batch` itself raises, every member of the batch raises
+that exception and the next pending caller leads the next batch.
+
+Batch sizes are counted per process (`batch_sizes()`), for the lab's histogram.
+"""
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Answer = TypeVar("Answer")
+
+
+class GaveUp(Exception):
+    """The caller's timeout passed while its item was still waiting for a batch."""
+
+
+@dataclass(eq=False)
+class _Slot(Generic[Item, Answer]):
+    item: Item
+    wake: threading.Event = field(default_factory=threading.Event)
+    taken: bool = False  # a batch holds it: the caller waits for the answer, whatever happens
+    lead: bool = False  # woken to lead the next batch
+    answered: bool = False
+    answer: "Answer | BaseException | None" = None
+
+
+@dataclass(eq=False)
+class _Lane(Generic[Item, Answer]):
+    pending: "deque[_Slot[Item, Answer]]" = field(default_factory=deque)
+    running: bool = False  # a caller leads; invariant: not running -> nothing pending
+
+
+_sizes_lock = threading.Lock()
+_sizes: Counter[int] = Counter()
+
+
+def batch_sizes() -> Counter[int]:
+    """Batch size -> batches run, in this process since start (or the last reset)."""
+    with _sizes_lock:
+        return Counter(_sizes)
+
+
+def reset_batch_sizes() -> None:
+    with _sizes_lock:
+        _sizes.clear()
+
+
+class Combiner(Generic[Item, Answer]):
+    def __init__(
+        self,
+        run_batch: Callable[[Hashable, list[Item]], Sequence["Answer | BaseException"]],
+        *,
+        cap: Callable[[], int],
+    ) -> None:
+        self.run_batch = run_batch
+        self.cap = cap  # read per batch, so that settings changes apply at once
+        self._lock = threading.Lock()
+        self._lanes: dict[Hashable, _Lane[Item, Answer]] = {}
+
+    def pending(self, key: Hashable) -> int:
+        """Items of `key` waiting for a batch (not those a running batch holds)."""
+        with self._lock:
+            lane = self._lanes.get(key)
+            return len(lane.pending) if lane else 0
+
+    def submit(self, key: Hashable, item: Item, *, timeout: float | None = None) -> Answer:
+        """Run `item` in a batch of `key`'s items and return its answer (or raise its error).
+
+        GaveUp when `timeout` seconds passed and no batch had taken the item yet.
+        """
+        slot: _Slot[Item, Answer] = _Slot(item)
+        with self._lock:
+            lane = self._lanes.setdefault(key, _Lane())
+            lane.pending.append(slot)
+            leads = not lane.running
+            lane.running = True
+        if not leads and not slot.wake.wait(timeout):
+            with self._lock:
+                if not slot.taken and not slot.lead:
+                    lane.pending.remove(slot)
+                    raise GaveUp(f"no batch took the item within {timeout} s")
+            slot.wake.wait()  # taken meanwhile: its answer is on the way
+        if not slot.answered:
+            assert leads or slot.lead
+            self._lead(key, lane)
+        return self._answer_of(slot)
+
+    def _lead(self, key: Hashable, lane: _Lane[Item, Answer]) -> None:
+        """Run one batch from the front of the lane (the leader's own item is the first), answer
+        its members, pass the lead on."""
+        with self._lock:
+            size = max(1, min(self.cap(), len(lane.pending)))
+            batch = [lane.pending.popleft() for _ in range(size)]
+            for member in batch:
+                member.taken = True
+        with _sizes_lock:
+            _sizes[len(batch)] += 1
+        try:
+            answers: Sequence[Answer | BaseException] = self.run_batch(
+                key, [member.item for member in batch]
+            )
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{len(answers)} answers for a batch of {len(batch)}")
+        except BaseException as exc:  # noqa: BLE001 - every member gets it, the lead moves on
+            answers = [exc] * len(batch)
+        finally:
+            with self._lock:
+                if lane.pending:
+                    successor = lane.pending[0]
+                    successor.lead = True
+                    successor.wake.set()
+                else:
+                    lane.running = False
+                    if self._lanes.get(key) is lane:
+                        del self._lanes[key]
+        for member, answer in zip(batch, answers, strict=True):
+            member.answer = answer
+            member.answered = True
+            member.wake.set()
+
+    @staticmethod
+    def _answer_of(slot: "_Slot[Item, Answer]") -> Answer:
+        if isinstance(slot.answer, BaseException):
+            raise slot.answer
+        return slot.answer  # type: ignore[return-value]

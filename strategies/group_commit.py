@@ -1,0 +1,157 @@
+"""Group commit: concurrent grabs of an activity share one MySQL transaction.
+
+The seeds lock the hot activity row once per grab: each grab's transaction holds it for four
+round trips, and grabs of one activity run in series at the rate of that hand-off. Here the
+grabs that arrive in one process while a batch runs join the next batch (strategies/combiner.py:
+a lone grab runs at once, as a batch of one), and one transaction serves the batch:
+
+1. SELECT … FOR UPDATE on the activity row (status, expiry, what is left);
+2. which of the batch's users already hold a packet (one SELECT … IN);
+3. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
+   the same user twice in the batch: one packet, the later click `already_grabbed`;
+4. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
+
+What it locks: the activity row, once per batch. What it checks twice: nothing needs checking
+twice: every check is made under the row lock. Round trips: 5 statements (plus the transaction's
+own) per batch. Failure: one transaction, so after a failure during the writes (a dropped
+connection, maybe during COMMIT) either every row of the batch exists or none does; MySQL is
+asked which on a fresh connection behind the row lock (steps.written_row) before anybody is
+answered, and when it cannot be asked, the members who were to get a packet get OutcomeUnknown
+(503, retry). A grab row refused by a constraint (a user that does not exist) fails the batch's
+INSERT: each member is then run again on its own, so only that member gets its 403.
+"""
+
+from collections.abc import Hashable, Sequence
+from functools import cached_property
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, connection, transaction
+
+from redpack import allocation
+from redpack.errors import OutcomeUnknown
+from redpack.models import Activity
+from redpack.money import to_cents
+
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .combiner import Combiner
+from .steps import (
+    GrabRow,
+    after_duplicate,
+    close_row_locked,
+    held_marks,
+    insert_grab_rows,
+    refusal,
+    take_from_surplus,
+    written_row,
+)
+
+
+class GroupCommitStrategy(GrabStrategy):
+    name = "group_commit"
+    label = "Group commit (one transaction per batch)"
+    tradeoff = (
+        "MySQL only and exact; concurrent grabs share one transaction, so the hot row is "
+        "locked once per batch instead of once per grab."
+    )
+
+    @cached_property
+    def combiner(self) -> Combiner[int, GrabResult]:
+        return Combiner(self.grab_batch, cap=lambda: settings.REDPACK_BATCH_MAX)
+
+    def prepare(self, activity: Activity) -> None:
+        """Nothing to prepare: the activity row is the whole state."""
+
+    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        return self.combiner.submit(activity_id, user_id)
+
+    def close(self, *, activity_id: int) -> CloseResult:
+        with transaction.atomic():
+            return close_row_locked(activity_id=activity_id)
+
+    def grab_batch(
+        self, activity_id: Hashable, user_ids: list[int]
+    ) -> Sequence[GrabResult | Exception]:
+        """One transaction for the batch; one answer per member, in order."""
+        assert isinstance(activity_id, int)
+        planned: list[GrabResult] = []
+        rows: list[GrabRow] = []
+        try:
+            with transaction.atomic():
+                planned, rows = self.plan(activity_id, user_ids)
+                if rows:
+                    take_from_surplus(
+                        activity_id=activity_id,
+                        count=len(rows),
+                        cents=sum(row.cents for row in rows),
+                    )
+                    insert_grab_rows(activity_id=activity_id, rows=rows)
+        except IntegrityError as exc:
+            if len(user_ids) > 1:
+                return [self.alone(activity_id, user_id) for user_id in user_ids]
+            try:
+                return [after_duplicate(activity_id=activity_id, user_id=user_ids[0], error=exc)]
+            except Exception as refused:  # noqa: BLE001 - this member's answer (403)
+                return [refused]
+        except DatabaseError:
+            if not rows:
+                raise  # nothing was being written (e.g. a lock wait timeout): every member's
+            return self.settle_in_doubt(activity_id, user_ids, planned, rows)
+        return planned
+
+    def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
+        """Under the activity's row lock: every member's answer and the rows to write."""
+        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        refused = refusal(activity, user_id=None)
+        if refused is not None and refused.outcome is Outcome.CLOSED:
+            return [refused] * len(user_ids), []
+        held = held_marks(activity_id=activity_id, user_ids=user_ids)
+        holding = {user_id: row.cents for user_id, row in held.items()}
+        left_cents, left_count = to_cents(activity.surplus_amount), activity.surplus_count
+        planned: list[GrabResult] = []
+        rows: list[GrabRow] = []
+        for user_id in user_ids:
+            if user_id in holding:
+                planned.append(GrabResult(Outcome.ALREADY_GRABBED, holding[user_id]))
+            elif left_count <= 0:
+                planned.append(GrabResult(Outcome.SOLD_OUT))
+            else:
+                cents = allocation.draw(activity.allocation, left_cents, left_count)
+                left_cents, left_count = left_cents - cents, left_count - 1
+                holding[user_id] = cents
+                rows.append(GrabRow(user_id, cents))
+                planned.append(GrabResult(Outcome.GRABBED, cents))
+        return planned, rows
+
+    def alone(self, activity_id: int, user_id: int) -> GrabResult | Exception:
+        """A member run again in a batch of its own (its batch's INSERT was refused)."""
+        connection.close_if_unusable_or_obsolete()
+        try:
+            (answer,) = self.grab_batch(activity_id, [user_id])
+        except Exception as exc:  # noqa: BLE001 - this member's answer, not the others'
+            return exc
+        return answer
+
+    def settle_in_doubt(
+        self,
+        activity_id: int,
+        user_ids: list[int],
+        planned: list[GrabResult],
+        rows: list[GrabRow],
+    ) -> list[GrabResult | Exception]:
+        """The transaction failed while writing: rolled back, or, if the connection dropped
+        during COMMIT, maybe committed, and then wholly. MySQL says which (steps.written_row);
+        the answers that needed no write stand either way."""
+        batch_users = {row.user_id for row in rows}
+        depends = [
+            answer.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED} and user_id in batch_users
+            for user_id, answer in zip(user_ids, planned, strict=True)
+        ]
+        try:
+            found = written_row(activity_id=activity_id, user_id=rows[0].user_id)
+        except OutcomeUnknown as unknown:
+            return [unknown if d else a for d, a in zip(depends, planned, strict=True)]
+        if found == rows[0]:
+            return list(planned)
+        # Proven not written: nothing was granted, the honest answer is "try again".
+        contended = GrabResult(Outcome.CONTENDED)
+        return [contended if d else a for d, a in zip(depends, planned, strict=True)]

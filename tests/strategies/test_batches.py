@@ -1,0 +1,203 @@
+"""Batches beyond the contract (strategies/combiner.py joins concurrent grabs; here each batch is
+composed by hand, so every run is the same): the same user twice in one batch, a batch spanning
+the last packet, closed activities, a member MySQL refuses, MySQL failing mid-batch, a Redis
+script error mid-batch. Real MariaDB and Redis; faults through tests/faults.py."""
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django_redis import get_redis_connection
+from redis.exceptions import ResponseError
+
+from redpack import services
+from redpack.audit import audit_activity
+from redpack.errors import Forbidden, OutcomeUnknown
+from redpack.models import Activity, GrabDetail
+from redpack.money import to_cents
+from strategies import registry
+from strategies.base import GrabResult, Outcome
+from strategies.redis_state.keys import Keys, new_attempt
+from tests.faults import FaultProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BATCHED_REDIS = ["redis_queue", "redis_counter", "redis_queue_async"]
+BATCHED = ["group_commit", *BATCHED_REDIS]
+MISSING_USER = 2_000_000_000
+
+
+def send(sender, strategy: str, count: int = 3, total: str = "3.00") -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk, total_amount=Decimal(total), total_count=count, strategy=strategy
+    )
+
+
+def run_batch(strategy: str, activity_id: int, user_ids: list[int]) -> list[object]:
+    """One batch of exactly these grabs, as the combiner's leader runs it."""
+    chosen = registry.get(strategy)
+    if strategy == "group_commit":
+        return list(chosen.grab_batch(activity_id, user_ids))  # type: ignore[attr-defined]
+    members = [(user_id, new_attempt()) for user_id in user_ids]
+    return list(chosen.decide_batch(activity_id, members))  # type: ignore[attr-defined]
+
+
+def rows_of(activity: Activity) -> dict[int, int]:
+    assert registry.get(activity.strategy).settle(activity_id=activity.pk, timeout=30)
+    return {d.user_id: to_cents(d.amount) for d in GrabDetail.objects.filter(activity=activity)}
+
+
+def assert_consistent(activity: Activity) -> None:
+    activity.refresh_from_db()
+    report = audit_activity(activity)
+    assert report.ok, report.violations
+
+
+@pytest.fixture
+def mysql_proxy() -> Iterator[FaultProxy]:
+    """This thread's MySQL connection through the proxy."""
+    params = connection.settings_dict
+    proxy = FaultProxy((params["HOST"] or "127.0.0.1", int(params["PORT"] or 3306)))
+    saved = (params["HOST"], params["PORT"])
+    connection.close()
+    params["HOST"], params["PORT"] = "127.0.0.1", str(proxy.port)
+    yield proxy
+    connection.close()
+    params["HOST"], params["PORT"] = saved
+    proxy.cut()
+
+
+@pytest.mark.parametrize("strategy", BATCHED)
+def test_the_same_user_twice_in_one_batch_gets_one_packet(strategy, make_users, sender):
+    activity = send(sender, strategy)
+    first, second = make_users(2)
+    answers = run_batch(strategy, activity.pk, [first.pk, first.pk, second.pk])
+    assert isinstance(answers[0], GrabResult) and answers[0].outcome is Outcome.GRABBED
+    assert answers[1] == GrabResult(Outcome.ALREADY_GRABBED, answers[0].amount_cents)
+    assert isinstance(answers[2], GrabResult) and answers[2].outcome is Outcome.GRABBED
+    assert rows_of(activity) == {
+        first.pk: answers[0].amount_cents,
+        second.pk: answers[2].amount_cents,
+    }
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", BATCHED)
+def test_a_batch_spanning_the_last_packet_answers_the_rest_sold_out(strategy, make_users, sender):
+    activity = send(sender, strategy, count=3, total="3.00")
+    users = make_users(5)
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    outcomes = [a.outcome for a in answers]  # type: ignore[attr-defined]
+    assert outcomes == [Outcome.GRABBED] * 3 + [Outcome.SOLD_OUT] * 2
+    assert sum(a.amount_cents for a in answers[:3]) == 300  # type: ignore[attr-defined]
+    assert len(rows_of(activity)) == 3  # settled: in MySQL
+    activity.refresh_from_db()
+    assert activity.surplus_count == 0 and to_cents(activity.surplus_amount) == 0
+    # A later member who already holds a packet hears so, not sold_out.
+    again = run_batch(strategy, activity.pk, [users[4].pk, users[0].pk])
+    assert again[0] == GrabResult(Outcome.SOLD_OUT)
+    assert again[1] == GrabResult(Outcome.ALREADY_GRABBED, answers[0].amount_cents)  # type: ignore[attr-defined]
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", BATCHED)
+def test_a_batch_after_close_answers_closed_and_writes_nothing(strategy, make_users, sender):
+    activity = send(sender, strategy)
+    users = make_users(3)
+    registry.get(strategy).close(activity_id=activity.pk)
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert answers == [GrabResult(Outcome.CLOSED)] * 3
+    assert rows_of(activity) == {}
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_member_mysql_refuses_gets_its_own_answer_and_the_others_their_packets(
+    strategy, make_users, sender
+):
+    """A signed token outliving its user: the batch's INSERT fails on its foreign key; each
+    member is then written on its own, and only that one is refused (403)."""
+    activity = send(sender, strategy)
+    first, second = make_users(2)
+    answers = run_batch(strategy, activity.pk, [first.pk, MISSING_USER, second.pk])
+    assert isinstance(answers[1], Forbidden)
+    granted = [answers[0], answers[2]]
+    assert all(isinstance(a, GrabResult) and a.outcome is Outcome.GRABBED for a in granted)
+    assert rows_of(activity) == {
+        first.pk: answers[0].amount_cents,  # type: ignore[union-attr]
+        second.pk: answers[2].amount_cents,  # type: ignore[union-attr]
+    }
+    assert_consistent(activity)  # the refused member's packet went back to Redis
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_batch_whose_commit_reply_was_lost_is_answered_from_mysql(
+    strategy, mysql_proxy, make_users, sender
+):
+    """COMMIT reached MySQL, its reply did not: the whole batch committed, and every member
+    hears what MySQL holds."""
+    activity = send(sender, strategy)
+    users = make_users(2)
+    connection.ensure_connection()
+    mysql_proxy.drop_reply(b"COMMIT")
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert mysql_proxy.fired == 1
+    assert [a.outcome for a in answers] == [Outcome.GRABBED] * 2  # type: ignore[attr-defined]
+    assert rows_of(activity) == {u.pk: a.amount_cents for u, a in zip(users, answers, strict=True)}  # type: ignore[attr-defined]
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_batch_cut_before_commit_grants_nothing_it_did_not_write(
+    strategy, mysql_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    users = make_users(2)
+    connection.ensure_connection()
+    mysql_proxy.cut_before(b"COMMIT")
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert mysql_proxy.fired == 1
+    rows = rows_of(activity)
+    for user, answer in zip(users, answers, strict=True):
+        assert isinstance(answer, GrabResult)
+        if answer.outcome is Outcome.GRABBED:
+            assert rows[user.pk] == answer.amount_cents  # written on its own after the cut
+        else:
+            assert answer.outcome is Outcome.CONTENDED and user.pk not in rows
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_batch_that_cannot_learn_its_commit_answers_unknown_and_retries_converge(
+    strategy, mysql_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    users = make_users(2)
+    connection.ensure_connection()
+    mysql_proxy.drop_reply(b"COMMIT", then_cut=True)
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert all(isinstance(a, OutcomeUnknown) for a in answers)
+    mysql_proxy.restore()
+    connection.close()
+    retries = [services.activity_grab(activity_id=activity.pk, user_id=u.pk) for u in users]
+    # The batch committed: each retry finds its user's row.
+    assert [r.outcome for r in retries] == [Outcome.ALREADY_GRABBED] * 2
+    assert rows_of(activity) == {u.pk: r.amount_cents for u, r in zip(users, retries, strict=True)}
+    assert_consistent(activity)
+
+
+def test_a_redis_script_error_mid_batch_leaves_nothing_half_done(make_users, sender):
+    """redis_counter checks and draws for every member before its first write: a corrupt state
+    found at the second member fails the batch with nothing written, in Redis or MySQL."""
+    activity = send(sender, "redis_counter", count=3, total="3.00")
+    users = make_users(2)
+    client = get_redis_connection("default")
+    keys = Keys(activity.pk)
+    client.hset(keys.meta, "remaining_cents", 2)  # below the 3 packets left: corrupt
+    before = (client.get(keys.ordered()[1]), client.hgetall(keys.ordered()[2]))
+    with pytest.raises(ResponseError, match="corrupt"):
+        registry.get("redis_counter").decide_batch(  # type: ignore[attr-defined]
+            activity.pk, [(u.pk, new_attempt()) for u in users]
+        )
+    assert (client.get(keys.ordered()[1]), client.hgetall(keys.ordered()[2])) == before
+    assert rows_of(activity) == {}

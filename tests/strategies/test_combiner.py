@@ -1,0 +1,160 @@
+"""The combiner on its own (strategies/combiner.py): batches, cap, hand-over, a failing leader,
+giving up, independent keys. Threads only; no database."""
+
+import threading
+import time
+from collections.abc import Hashable, Sequence
+
+import pytest
+
+from strategies.combiner import Combiner, GaveUp, batch_sizes, reset_batch_sizes
+
+
+class Recorder:
+    """A run_batch that records its batches and can be held inside a batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[Hashable, list[int], str]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.fail_on: set[int] = set()
+        self.unheld: set[Hashable] = set()  # keys whose batches never wait for `release`
+
+    def __call__(self, key: Hashable, items: list[int]) -> Sequence[int | Exception]:
+        self.batches.append((key, list(items), threading.current_thread().name))
+        self.entered.set()
+        assert key in self.unheld or self.release.wait(30)
+        if self.fail_on & set(items):
+            raise RuntimeError(f"batch {items} failed")
+        return [ValueError(item) if item < 0 else item * 10 for item in items]
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.001)
+
+
+def start(combiner: Combiner, key: Hashable, item: int, answers: dict) -> threading.Thread:  # type: ignore[type-arg]
+    def run() -> None:
+        try:
+            answers[item] = combiner.submit(key, item)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            answers[item] = exc
+
+    thread = threading.Thread(target=run, name=f"caller-{item}")
+    thread.start()
+    return thread
+
+
+def hold_first_batch(combiner: Combiner, recorder: Recorder, key: Hashable, answers: dict):  # type: ignore[no-untyped-def,type-arg]
+    """A leader stuck inside its batch of one, so that the next callers queue behind it."""
+    recorder.release.clear()
+    recorder.entered.clear()
+    leader = start(combiner, key, 1, answers)
+    assert recorder.entered.wait(30)
+    return leader
+
+
+def test_a_lone_item_runs_at_once_in_its_callers_thread() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 8)
+    reset_batch_sizes()
+    assert combiner.submit("a", 7) == 70
+    assert recorder.batches == [("a", [7], threading.current_thread().name)]
+    assert batch_sizes() == {1: 1}
+    assert combiner.pending("a") == 0
+
+
+def test_items_arriving_during_a_batch_form_the_next_one_in_order() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 8)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    followers = [start(combiner, "a", item, answers) for item in (2, 3, 4)]
+    wait_until(lambda: combiner.pending("a") == 3)
+    recorder.release.set()
+    for thread in [leader, *followers]:
+        thread.join(30)
+    assert [items for _, items, _ in recorder.batches] == [[1], [2, 3, 4]]
+    # The oldest waiting caller led the second batch.
+    assert recorder.batches[1][2] == "caller-2"
+    assert answers == {1: 10, 2: 20, 3: 30, 4: 40}
+
+
+def test_batches_never_exceed_the_cap() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 3)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    followers = []
+    for item in range(2, 9):
+        followers.append(start(combiner, "a", item, answers))
+        wait_until(lambda n=item: combiner.pending("a") == n - 1)  # arrival order is item order
+    recorder.release.set()
+    for thread in [leader, *followers]:
+        thread.join(30)
+    assert [items for _, items, _ in recorder.batches] == [[1], [2, 3, 4], [5, 6, 7], [8]]
+    assert answers == {item: item * 10 for item in range(1, 9)}
+
+
+def test_a_failing_batch_answers_each_member_with_the_error_and_the_next_caller_leads() -> None:
+    recorder = Recorder()
+    recorder.fail_on = {2}
+    combiner = Combiner(recorder, cap=lambda: 2)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    followers = []
+    for item in (2, 3, 4):
+        followers.append(start(combiner, "a", item, answers))
+        wait_until(lambda n=item: combiner.pending("a") == n - 1)
+    recorder.release.set()
+    for thread in [leader, *followers]:
+        thread.join(30)
+    assert [items for _, items, _ in recorder.batches] == [[1], [2, 3], [4]]
+    assert isinstance(answers[2], RuntimeError) and isinstance(answers[3], RuntimeError)
+    assert answers[1] == 10 and answers[4] == 40
+    assert combiner.submit("a", 5) == 50  # nothing left stuck
+
+
+def test_an_error_answer_is_raised_in_its_own_callers_thread_only() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 8)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    followers = [start(combiner, "a", item, answers) for item in (-2, 3)]
+    wait_until(lambda: combiner.pending("a") == 2)
+    recorder.release.set()
+    for thread in [leader, *followers]:
+        thread.join(30)
+    assert isinstance(answers[-2], ValueError)
+    assert answers[3] == 30
+
+
+def test_no_caller_waits_on_another_keys_batch() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 8)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    recorder.unheld.add("b")
+    assert combiner.submit("b", 9) == 90  # while key a's batch is still held
+    assert not recorder.release.is_set() and leader.is_alive()
+    recorder.release.set()
+    leader.join(30)
+    assert answers[1] == 10
+
+
+def test_a_caller_may_give_up_only_while_its_item_is_pending() -> None:
+    recorder = Recorder()
+    combiner = Combiner(recorder, cap=lambda: 8)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    with pytest.raises(GaveUp):
+        combiner.submit("a", 2, timeout=0.01)
+    assert combiner.pending("a") == 0
+    recorder.release.set()
+    leader.join(30)
+    assert [items for _, items, _ in recorder.batches] == [[1]]  # item 2 never ran
+    assert combiner.submit("a", 3, timeout=0.01) == 30  # a lone item runs at once
