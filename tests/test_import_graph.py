@@ -11,8 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("redpack", "strategies")
 # What the rest of the project may import from strategies/: the contract, the registry, the
-# Redis client, and the package itself (its BUILTIN names for settings). Never a strategy module.
-CONTRACT = {"strategies", "strategies.base", "strategies.registry", "strategies.lua"}
+# Redis client, the combiner (the lab reads its batch sizes), and the package itself (its BUILTIN
+# names for settings). Never a strategy module.
+CONTRACT = {
+    "strategies",
+    "strategies.base",
+    "strategies.registry",
+    "strategies.lua",
+    "strategies.combiner",
+}
 
 
 def module_name(path: Path) -> str:

@@ -239,6 +239,16 @@ def _figures(
     def per_request(value: float | None) -> float | None:
         return None if value is None or not requests else round(value / requests, 3)
 
+    def us_per_request(seconds: float | None) -> float | None:
+        return None if seconds is None or not requests else round(1e6 * seconds / requests, 1)
+
+    def capacity(us: float | None) -> float | None:
+        return round(1e6 / us, 1) if us else None
+
+    batches = sum(total.batch_sizes.values())
+    redis_us = us_per_request(usage.redis_cpu)
+    mysql_us = us_per_request(usage.mysql_cpu)
+
     return BenchResult(
         strategy=config.strategy,
         safe=strategy_safe,
@@ -282,6 +292,20 @@ def _figures(
         cpu_seconds_mysql=None if usage.mysql_cpu is None else round(usage.mysql_cpu, 3),
         cpu_seconds_redis=round(usage.redis_cpu, 3),
         cpu_seconds_per_1k_requests=round(1000 * cpu_total / requests, 3) if requests else None,
+        client_cpu_us_per_request=us_per_request(cpu_client),
+        redis_cpu_us_per_request=redis_us,
+        redis_evalsha_us_per_request=us_per_request(usage.redis_evalsha_usec / 1e6),
+        mysql_cpu_us_per_request=mysql_us,
+        row_lock_wait_ms=usage.row_lock_time_ms,
+        row_lock_waits=usage.row_lock_waits,
+        batch_sizes=dict(sorted(total.batch_sizes.items())),
+        mean_batch=(
+            round(sum(size * n for size, n in total.batch_sizes.items()) / batches, 2)
+            if batches
+            else None
+        ),
+        projected_per_redis_shard=capacity(redis_us) if usage.redis_evalsha_usec else None,
+        projected_per_mysql_row=capacity(mysql_us) if usage.mysql_queries else None,
         settled=settled,
         settle_seconds=round(settle_seconds, 3),
         audit_ok=audit.ok,

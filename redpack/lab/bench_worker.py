@@ -123,12 +123,16 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> WorkerRep
     results.put(Ready(os.getpid()))
     if not go.wait(timeout=START_TIMEOUT):
         raise RuntimeError("the parent never gave the start signal")
+    from strategies.combiner import batch_sizes, reset_batch_sizes
+
+    reset_batch_sizes()
     cpu_before = _own_cpu()
     start.set()
     for thread in pool:
         thread.join()
     report = WorkerReport.merged(per_thread)
     report.cpu_seconds = _own_cpu() - cpu_before
+    report.batch_sizes = batch_sizes()
     return report
 
 

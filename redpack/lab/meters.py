@@ -6,6 +6,7 @@ work, so figures taken there are indicative. The snapshots subtract their own re
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 from django.conf import settings
@@ -19,6 +20,9 @@ MYSQL_SERVER_NAMES = {"mariadbd", "mysqld"}
 @dataclass(frozen=True)
 class Snapshot:
     mysql_questions: int | None
+    row_lock_time_ms: int | None
+    row_lock_waits: int | None
+    redis_evalsha_usec: int
     redis_commands: int
     redis_cpu: float
     mysql_cpu: float | None
@@ -28,19 +32,33 @@ class Snapshot:
 @dataclass(frozen=True)
 class Usage:
     mysql_queries: int | None
+    row_lock_time_ms: int | None
+    row_lock_waits: int | None
+    redis_evalsha_usec: int
     redis_commands: int
     redis_cpu: float
     mysql_cpu: float | None
     watched_cpu: float
 
 
-def mysql_questions() -> int | None:
-    """Server-wide statement count (SHOW GLOBAL STATUS LIKE 'Questions'); None off MySQL."""
+GLOBAL_STATUS = ("Questions", "Innodb_row_lock_time", "Innodb_row_lock_waits")
+
+
+def mysql_status() -> dict[str, int]:
+    """Server-wide counters in one statement (the statement count, InnoDB's row-lock waits);
+    empty off MySQL."""
     if connection.vendor != "mysql":
-        return None
+        return {}
+    names = ", ".join(f"'{name}'" for name in GLOBAL_STATUS)
     with connection.cursor() as cursor:
-        cursor.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
-        return int(cursor.fetchone()[1])
+        cursor.execute(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})")
+        return {name: int(value) for name, value in cursor.fetchall()}
+
+
+def redis_evalsha_usec(client: Any) -> int:
+    """Microseconds Redis spent running EVALSHA calls since its start (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("usec", 0))
 
 
 def mysql_session_questions() -> int | None:
@@ -90,9 +108,14 @@ class Meters:
         self.mysql = mysql_server_process()
 
     def snapshot(self) -> Snapshot:
-        info = get_redis_connection("default").info()
+        client = get_redis_connection("default")
+        info = client.info()
+        status = mysql_status()
         return Snapshot(
-            mysql_questions=mysql_questions(),
+            mysql_questions=status.get("Questions"),
+            row_lock_time_ms=status.get("Innodb_row_lock_time"),
+            row_lock_waits=status.get("Innodb_row_lock_waits"),
+            redis_evalsha_usec=redis_evalsha_usec(client),
             redis_commands=int(info["total_commands_processed"]),
             redis_cpu=float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
             mysql_cpu=cpu_seconds([self.mysql]) if self.mysql else None,
@@ -106,10 +129,18 @@ class Meters:
         if before.mysql_questions is not None and after.mysql_questions is not None:
             # The closing SHOW GLOBAL STATUS counts itself.
             mysql = after.mysql_questions - before.mysql_questions - 1 - own_mysql_statements
+
+        def delta(name: str) -> int | None:
+            first, last = getattr(before, name), getattr(after, name)
+            return None if first is None or last is None else last - first
+
         return Usage(
             mysql_queries=mysql,
-            # The closing INFO counts the opening one.
-            redis_commands=after.redis_commands - before.redis_commands - 1,
+            row_lock_time_ms=delta("row_lock_time_ms"),
+            row_lock_waits=delta("row_lock_waits"),
+            redis_evalsha_usec=after.redis_evalsha_usec - before.redis_evalsha_usec,
+            # The closing INFO counts the opening INFO and INFO commandstats.
+            redis_commands=after.redis_commands - before.redis_commands - 2,
             redis_cpu=after.redis_cpu - before.redis_cpu,
             mysql_cpu=(
                 after.mysql_cpu - before.mysql_cpu

@@ -32,6 +32,20 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("ceiling", "ceiling", "kind"),
     ("audit_ok", "audit", "audit"),
 ]
+# Cost per request of the direct bench rows (bench.py): where each strategy spends its time.
+COST_COLUMNS: list[tuple[str, str, str]] = [
+    ("strategy", "strategy", "s"),
+    ("run", "run", "s"),
+    ("requests_per_s", "requests/s", ",.0f"),
+    ("mean_batch", "mean batch", ".1f"),
+    ("client_cpu_us_per_request", "client CPU µs", ",.0f"),
+    ("redis_cpu_us_per_request", "Redis CPU µs", ",.1f"),
+    ("redis_evalsha_us_per_request", "in EVALSHA µs", ",.1f"),
+    ("mysql_cpu_us_per_request", "MySQL CPU µs", ",.0f"),
+    ("row_lock_wait_ms", "row-lock wait ms", ",.0f"),
+    ("projected_per_redis_shard", "per Redis shard /s", ",.0f"),
+    ("projected_per_mysql_row", "per MySQL row /s", ",.0f"),
+]
 LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so no column
 
 
@@ -119,10 +133,18 @@ How to read it:
   not counted.
 - **persist lag**: seconds from the last answer until every acknowledged grab was in MySQL
   (shown when an asynchronous strategy has any).
-- **of ceiling**: requests/s divided by the ceiling that bounds the run: the Redis script
-  rate for strategies that stay off MySQL per grab (fewer than one MySQL statement per
-  request), the hot-row UPDATE rate for the others; HTTP rows also cannot beat the web
-  server's ping rate, so their ceiling is the lower of the two.
+- **of ceiling**: requests/s divided by the ceiling that bounds the run: `group_commit`, the
+  hot-row UPDATE rate; `redis_queue` and `redis_counter` (batched, MySQL written inside the
+  request), the raw grab transaction with 32 grabs each; other strategies that stay off
+  MySQL per grab (fewer than one MySQL statement per request), their own Redis script's
+  EVALSHA rate; the rest, the raw one-grab transaction (their SQL without this project's
+  Python). HTTP rows also cannot beat the web server's ping rate, so their ceiling is the
+  lower of the two.
+- **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
+  time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
+  the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting,
+  not holding); the combiner's mean batch; and the grabs/s one Redis shard or one activity
+  row could take if the client side were free (10⁶ / its µs per request).
 """
 
 
@@ -148,6 +170,9 @@ def write_markdown(
     parts += ["## Results", "", results_table(results), ""]
     if chart:
         parts += [f"![throughput and p99 per strategy]({chart})", ""]
+    bench_rows = [r for r in results if str(r.get("run", "")).startswith("bench")]
+    if bench_rows:
+        parts += ["## Cost per request", "", results_table(bench_rows, COST_COLUMNS), ""]
     parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), "", LEGEND]
     if context.get("settings"):
         parts += ["", "## Settings", "", "```", *context["settings"], "```", ""]

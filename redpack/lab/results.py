@@ -32,6 +32,7 @@ class WorkerReport:
     own_queries: int | None = 0  # MySQL statements its threads sent; None when unknown
     session_reads: int = 0  # statements spent measuring that
     cpu_seconds: float = 0.0
+    batch_sizes: Counter[int] = field(default_factory=Counter)  # strategies/combiner.py
     # time.monotonic is CLOCK_MONOTONIC: one clock for every process on the machine.
     first_start: float | None = None
     last_end: float | None = None
@@ -47,6 +48,7 @@ class WorkerReport:
             self.own_queries += other.own_queries
         self.session_reads += other.session_reads
         self.cpu_seconds += other.cpu_seconds
+        self.batch_sizes.update(other.batch_sizes)
         if other.first_start is not None:
             self.first_start = min(self.first_start or other.first_start, other.first_start)
         if other.last_end is not None:
@@ -104,6 +106,22 @@ class BenchResult:
     cpu_seconds_mysql: float | None
     cpu_seconds_redis: float
     cpu_seconds_per_1k_requests: float | None
+    # Cost per request (grab attempt), in µs: the bench processes' CPU; Redis's CPU and the
+    # time its EVALSHA calls took inside Redis (INFO commandstats); the MySQL server's CPU;
+    # and InnoDB's row-lock waits (Innodb_row_lock_time, ms, over the run).
+    client_cpu_us_per_request: float | None
+    redis_cpu_us_per_request: float | None
+    redis_evalsha_us_per_request: float | None
+    mysql_cpu_us_per_request: float | None
+    row_lock_wait_ms: int | None
+    row_lock_waits: int | None
+    # Batches of the combiner (strategies/combiner.py): size -> batches; empty when unbatched.
+    batch_sizes: dict[int, int]
+    mean_batch: float | None
+    # Grabs/s one Redis shard / one activity row could take if the client side were free:
+    # 1e6 / (Redis CPU µs per request), 1e6 / (MySQL CPU µs per request).
+    projected_per_redis_shard: float | None
+    projected_per_mysql_row: float | None
     settled: bool
     settle_seconds: float
     audit_ok: bool
