@@ -45,6 +45,18 @@ CEILINGS = [
         "p99_ms": 1.0,
     },
     {"name": "Web: ping", "kind": "web", "tool": "Locust", "requests_per_s": 2000.0},
+    {
+        "name": "MySQL: raw grab transaction, 1 grab(s) each",
+        "kind": "mysql_raw",
+        "tool": "mysqlclient threads -c 16",
+        "requests_per_s": 2000.0,
+    },
+    {
+        "name": "MySQL: raw grab transaction, 32 grab(s) each",
+        "kind": "mysql_raw_batched",
+        "tool": "mysqlclient threads -c 16",
+        "requests_per_s": 10000.0,
+    },
 ]
 
 
@@ -53,14 +65,16 @@ def results() -> list[dict]:
         row("pessimistic", "bench hot", 1000.0),
         row("pessimistic", "HTTP hot", 800.0),
         row(
-            "redis_queue",
+            "redis_queue_async",
             "bench throughput",
             10000.0,
             mysql_queries_per_request_own=0.1,
             redis_commands_per_request=1.0,
             settle_seconds=1.25,
         ),
-        row("redis_queue", "HTTP throughput", 1500.0, mysql_queries_per_request=0.1),
+        row("redis_queue_async", "HTTP throughput", 1500.0, mysql_queries_per_request=0.1),
+        row("group_commit", "bench throughput", 4000.0),
+        row("redis_counter", "bench throughput", 6000.0, mysql_queries_per_request_own=0.2),
         row("unsafe", "bench hot", 3000.0, safe=False, oversold=42, audit_ok=False),
     ]
     assign_ceilings(rows, CEILINGS)
@@ -70,13 +84,18 @@ def results() -> list[dict]:
 def test_each_run_gets_the_ceiling_that_bounds_it():
     rows = {(r["strategy"], r["run"]): r for r in results()}
 
-    assert rows["pessimistic", "bench hot"]["ceiling"] == "MySQL: hot-row UPDATE"
-    assert rows["pessimistic", "bench hot"]["ceiling_ratio"] == 0.2
-    assert rows["redis_queue", "bench throughput"]["ceiling"] == "Redis: representative"
-    assert rows["redis_queue", "bench throughput"]["ceiling_ratio"] == 0.25
+    # A seed's MySQL strategy: its SQL run raw, one grab per transaction.
+    assert rows["pessimistic", "bench hot"]["ceiling"].startswith("MySQL: raw grab transaction, 1")
+    assert rows["pessimistic", "bench hot"]["ceiling_ratio"] == 0.5
+    assert rows["redis_queue_async", "bench throughput"]["ceiling"] == "Redis: representative"
+    assert rows["redis_queue_async", "bench throughput"]["ceiling_ratio"] == 0.25
     # Over HTTP the web server's ping rate is lower than Redis's: that is the ceiling.
-    assert rows["redis_queue", "HTTP throughput"]["ceiling"] == "Web: ping"
-    assert rows["redis_queue", "HTTP throughput"]["ceiling_ratio"] == 0.75
+    assert rows["redis_queue_async", "HTTP throughput"]["ceiling"] == "Web: ping"
+    assert rows["redis_queue_async", "HTTP throughput"]["ceiling_ratio"] == 0.75
+    # The batched strategies: the ceilings.
+    assert rows["group_commit", "bench throughput"]["ceiling"] == "MySQL: hot-row UPDATE"
+    assert rows["group_commit", "bench throughput"]["ceiling_ratio"] == 0.8
+    assert rows["redis_counter", "bench throughput"]["ceiling_ratio"] == 0.6
     assert storage_bound([{"mysql_queries_per_request_own": 0.02}]) == "redis"
     assert storage_bound([{"mysql_queries_per_request_own": 5}]) == "mysql"
 
@@ -104,10 +123,12 @@ def test_markdown_has_a_row_per_run_and_flags_broken_invariants(tmp_path):
     ):
         assert column in header
     rows = [line for line in text.splitlines() if line.startswith("| ") and "|---" not in line]
-    assert sum("bench hot" in line for line in rows) == 2
+    # Results, then the bench rows again under "Cost per request".
+    assert sum("bench hot" in line for line in rows) == 4
+    assert "## Cost per request" in text and "| client CPU µs |" in text
     unsafe = next(line for line in rows if line.startswith("| unsafe"))
     assert "**42**" in unsafe and "**FAILED**" in unsafe
-    assert "| 20.0% |" in next(line for line in rows if line.startswith("| pessimistic"))
+    assert "| 50.0% |" in next(line for line in rows if line.startswith("| pessimistic"))
     assert "MySQL: hot-row UPDATE | mysqlslap | 5,000" in text
     # Server-wide count first; the bench's own count when other clients blurred it.
     assert "| 6.00 |" in next(line for line in rows if line.startswith("| pessimistic"))
