@@ -26,11 +26,11 @@ from django.test.utils import override_settings
 from django_redis import get_redis_connection
 
 from redpack import services
-from redpack.models import Activity
+from redpack.models import Activity, GrabDetail
 from strategies import registry
 
 from . import processes
-from .users import bench_sender
+from .users import bench_sender, bench_users_ensure
 
 LAB = Path(__file__).resolve().parent
 STRATEGIES_LUA = Path(registry.__file__).resolve().parent / "lua"
@@ -297,99 +297,89 @@ def _python_hot_row(db: dict, schema: str, *, name: str, queries: int, concurren
     )
 
 
-RAW_TABLES = (
-    "CREATE TABLE activity (id INT PRIMARY KEY, status VARCHAR(16) NOT NULL,"
-    " expires_at DATETIME(6) NOT NULL, surplus_count INT NOT NULL,"
-    " surplus_amount DECIMAL(12, 2) NOT NULL, version INT NOT NULL) ENGINE=InnoDB",
-    "CREATE TABLE detail (id BIGINT AUTO_INCREMENT PRIMARY KEY, activity_id INT NOT NULL,"
-    " user_id INT NOT NULL, amount DECIMAL(12, 2) NOT NULL, created_at DATETIME(6) NOT NULL,"
-    " UNIQUE KEY one_per_user (activity_id, user_id),"
-    " FOREIGN KEY (activity_id) REFERENCES activity (id)) ENGINE=InnoDB",
-)
-
-
 def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ceiling:
-    """A grab's SQL without this project's Python: plain mysqlclient threads, each transaction
-    taking `per_transaction` grabs of one hot activity row (lock the row, look up the users,
-    decrement, insert their rows, commit), in a scratch schema. One grab per transaction is
-    the seeds' shape (pessimistic's statements); 32 is group commit's."""
+    """A grab's SQL without this project's Python: plain mysqlclient threads on the project's
+    own tables (a real activity of `grabs` packets, real bench users, every constraint and
+    index), each transaction taking `per_transaction` grabs of the hot activity row: lock the
+    row, look up the users, decrement, insert their rows, commit. One grab per transaction is
+    the seeds' shape (pessimistic's statements); 32 is group commit's. The activity and its
+    rows are removed afterwards."""
     db = settings.DATABASES["default"]
     kind = "mysql_raw" if per_transaction == 1 else "mysql_raw_batched"
     name = f"MySQL: raw grab transaction, {per_transaction} grab(s) each"
     if db["ENGINE"] != "django.db.backends.mysql":
         return Ceiling(name, kind, "-", None, note="not a MySQL database")
-    schema = f"{db['NAME']}_raw_ceiling"
-
-    def connect(database: str | None = None) -> MySQLdb.Connection:
-        kwargs = {"database": database} if database else {}
-        return MySQLdb.connect(
+    transactions = max(1, grabs // (per_transaction * concurrency))
+    total = transactions * per_transaction * concurrency
+    user_ids, _ = bench_users_ensure(count=total)
+    with override_settings(REDPACK_MAX_COUNT=max(total, settings.REDPACK_MAX_COUNT)):
+        activity = services.activity_send(
+            sender_id=bench_sender().pk,
+            total_amount=Decimal(total),
+            total_count=total,
+            strategy="pessimistic",
+            expires_in=3600,
+        )
+    activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
+    connections = [
+        MySQLdb.connect(
             host=db.get("HOST") or "127.0.0.1",
             port=int(db.get("PORT") or 3306),
             user=db.get("USER") or "root",
             password=db.get("PASSWORD") or "",
-            **kwargs,
+            database=db["NAME"],
         )
-
-    admin = connect()
-    admin.autocommit(True)
-    cursor = admin.cursor()
-    cursor.execute(f"DROP SCHEMA IF EXISTS `{schema}`")
-    cursor.execute(f"CREATE SCHEMA `{schema}`")
-    cursor.execute(f"USE `{schema}`")
-    for statement in RAW_TABLES:
-        cursor.execute(statement)
-    cursor.execute(
-        "INSERT INTO activity VALUES (1, 'open', '2999-01-01', %s, %s, 0)", (grabs, grabs)
-    )
-    transactions = max(1, grabs // (per_transaction * concurrency))
-    connections = [connect(schema) for _ in range(concurrency)]
+        for _ in range(concurrency)
+    ]
     start = threading.Barrier(concurrency + 1)
 
     def grab_loop(index: int, conn: MySQLdb.Connection) -> None:
         own = conn.cursor()
+        marks = ", ".join(["%s"] * per_transaction)
         start.wait()
         for t in range(transactions):
             first = (index * transactions + t) * per_transaction
-            users = list(range(first, first + per_transaction))
-            marks = ", ".join(["%s"] * per_transaction)
+            users = user_ids[first : first + per_transaction]
             own.execute(
-                "SELECT status, expires_at, surplus_count, surplus_amount FROM activity"
-                " WHERE id = 1 FOR UPDATE"
+                f"SELECT status, expires_at, surplus_count, surplus_amount FROM {activities}"
+                " WHERE id = %s FOR UPDATE",
+                (activity.pk,),
             )
             own.execute(
-                "SELECT user_id, amount FROM detail"
-                f" WHERE activity_id = 1 AND user_id IN ({marks})",
-                users,
+                f"SELECT user_id, amount FROM {details}"
+                f" WHERE activity_id = %s AND user_id IN ({marks})",
+                (activity.pk, *users),
             )
             own.execute(
-                "UPDATE activity SET surplus_count = surplus_count - %s,"
-                " surplus_amount = surplus_amount - %s, version = version + 1 WHERE id = 1",
-                (per_transaction, per_transaction),
+                f"UPDATE {activities} SET surplus_count = surplus_count - %s,"
+                " surplus_amount = surplus_amount - %s, version = version + 1 WHERE id = %s",
+                (per_transaction, per_transaction, activity.pk),
             )
-            own.executemany(
-                "INSERT INTO detail (activity_id, user_id, amount, created_at)"
-                " VALUES (1, %s, 1.00, NOW(6))",
-                [(user,) for user in users],
+            own.executemany(  # mysqlclient sends one multi-row INSERT
+                f"INSERT INTO {details} (activity_id, user_id, amount, created_at)"
+                " VALUES (%s, %s, 1.00, NOW(6))",
+                [(activity.pk, user) for user in users],
             )
             conn.commit()
 
     threads = [threading.Thread(target=grab_loop, args=(i, c)) for i, c in enumerate(connections)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.monotonic()
-    for thread in threads:
-        thread.join()
-    seconds = time.monotonic() - began
-    for conn in connections:
-        conn.close()
-    cursor.execute(f"DROP SCHEMA `{schema}`")
-    admin.close()
-    done = transactions * per_transaction * concurrency
+    try:
+        for thread in threads:
+            thread.start()
+        start.wait()
+        began = time.monotonic()
+        for thread in threads:
+            thread.join()
+        seconds = time.monotonic() - began
+    finally:
+        for conn in connections:
+            conn.close()
+        GrabDetail.objects.filter(activity_id=activity.pk).delete()
+        Activity.objects.filter(pk=activity.pk).delete()
     return Ceiling(
         name,
         kind,
         f"mysqlclient threads -c {concurrency}",
-        round(done / seconds, 1),
-        note=f"{done} grabs, {per_transaction} per transaction (Python's own cost included)",
+        round(total / seconds, 1),
+        note=f"{total} grabs on the project's tables (Python's own cost per statement included)",
     )
