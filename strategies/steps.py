@@ -147,7 +147,21 @@ def record_grab(
 
 def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
     """The detail rows of grabs whose surplus is taken (or taken in the same transaction, after
-    the activity row was locked)."""
+    the activity row was locked). On MySQL one raw multi-row INSERT (no model objects on the
+    hot path); elsewhere bulk_create."""
+    if connection.vendor == "mysql":
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+        params: list[int | Decimal | str | None] = []
+        for row in rows:
+            params += [activity_id, row.user_id, from_cents(row.cents), row.packet_id, now]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {GrabDetail._meta.db_table}"
+                f" (activity_id, user_id, amount, redpack_id, created_at) VALUES {values}",
+                params,
+            )
+        return
     GrabDetail.objects.bulk_create(
         [
             GrabDetail(
