@@ -22,6 +22,7 @@ or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's statu
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
@@ -46,21 +47,56 @@ class GrabRow:
     packet_id: int | None = None
 
 
-def refusal(activity: Activity, *, user_id: int | None) -> GrabResult | None:
+def refusal(
+    activity: Activity, *, user_id: int | None, held: int | None = None
+) -> GrabResult | None:
     """The answer when a loaded activity row cannot give this user a packet, else None.
 
-    `user_id` None skips the dedupe lookup (the caller knows the user holds nothing). Call it
-    under the same protection as the decrement, so a grab never lands after close.
+    `user_id` None skips the dedupe lookup: the caller knows what the user holds (`held`, the
+    cents of the user's grab, read with the row by `lock_for_grab`) or that it holds nothing.
+    Call it under the same protection as the decrement, so a grab never lands after close.
     """
     if activity.status != ActivityStatus.OPEN or activity.expires_at <= timezone.now():
         return GrabResult(Outcome.CLOSED)
     if user_id is not None:
-        cents = held_cents(activity_id=activity.pk, user_id=user_id)
-        if cents is not None:
-            return GrabResult(Outcome.ALREADY_GRABBED, cents)
+        held = held_cents(activity_id=activity.pk, user_id=user_id)
+    if held is not None:
+        return GrabResult(Outcome.ALREADY_GRABBED, held)
     if activity.surplus_count <= 0:
         return GrabResult(Outcome.SOLD_OUT)
     return None
+
+
+def lock_for_grab(*, activity_id: int, user_id: int) -> tuple[Activity, int | None]:
+    """The activity row, locked (SELECT … FOR UPDATE), and the cents of the user's grab if it
+    has one. On MySQL one raw statement (the lookup as a subquery, no queryset compiled);
+    elsewhere the ORM's two. Activity.DoesNotExist when there is no such activity."""
+    if connection.vendor != "mysql":
+        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        return activity, held_cents(activity_id=activity_id, user_id=user_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
+            f" (SELECT d.amount FROM {GrabDetail._meta.db_table} d"
+            "   WHERE d.activity_id = a.id AND d.user_id = %s)"
+            f" FROM {Activity._meta.db_table} a WHERE a.id = %s FOR UPDATE",
+            [user_id, activity_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Activity.DoesNotExist(f"activity {activity_id} does not exist")
+    status, expires_at, surplus_count, surplus_amount, kind, held = row
+    if timezone.is_naive(expires_at):
+        expires_at = timezone.make_aware(expires_at, UTC)  # MySQL holds UTC, without a zone
+    activity = Activity(
+        pk=activity_id,
+        status=status,
+        expires_at=expires_at,
+        surplus_count=surplus_count,
+        surplus_amount=surplus_amount,
+        allocation=kind,
+    )
+    return activity, None if held is None else to_cents(held)
 
 
 def held_cents(*, activity_id: int, user_id: int) -> int | None:
