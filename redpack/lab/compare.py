@@ -45,6 +45,7 @@ class CompareConfig:
     throughput_users: int = 5_000  # grabs fired by the throughput runs (one per bench user)
     hot_seconds: int = 60  # cap for Locust hot; it ends when every user has grabbed
     throughput_seconds: int = 15
+    lone_grabs: int = 300  # `bench lone`: one grab at a time (no contention), for its latency
     web_seconds: int = 10
     ceiling_requests: int = 100_000  # redis-benchmark EVALSHA calls
     ceiling_queries: int = 20_000  # hot-row UPDATEs
@@ -161,6 +162,10 @@ class Compare:
                     self._bench(
                         name, "bench throughput", config.throughput_packets, config.throughput_users
                     )
+                    if config.lone_grabs:
+                        self._bench(
+                            name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
+                        )
                 if not config.skip_locust:
                     self._locust(name, "hot")
                     self._locust(name, "throughput")
@@ -285,12 +290,16 @@ class Compare:
 
     # --- runs ----------------------------------------------------------------------------
 
-    def _bench(self, name: str, run: str, packets: int, users: int) -> None:
+    def _bench(
+        self, name: str, run: str, packets: int, users: int, *, concurrency: int | None = None
+    ) -> None:
         c = self.config
-        self.log(f"{name}: {run} ({packets} packets, {users} users, concurrency {c.concurrency})")
+        concurrency = concurrency or c.concurrency
+        self.log(f"{name}: {run} ({packets} packets, {users} users, concurrency {concurrency})")
         command = [sys.executable, str(BASE_DIR / "manage.py"), "bench", "--strategy", name]
         command += ["--packets", str(packets), "--users", str(users), "--json"]
-        command += ["--concurrency", str(c.concurrency), "--processes", str(c.bench_processes)]
+        processes_ = min(c.bench_processes, concurrency)
+        command += ["--concurrency", str(concurrency), "--processes", str(processes_)]
         done = processes.run(command, env=self.env, cwd=BASE_DIR)
         try:
             figures = json.loads(done.stdout.strip().splitlines()[-1])

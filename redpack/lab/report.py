@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-RUNS = ("bench hot", "bench throughput", "HTTP hot", "HTTP throughput")
+RUNS = ("bench hot", "bench throughput", "bench lone", "HTTP hot", "HTTP throughput")
 
 COLUMNS: list[tuple[str, str, str]] = [
     # (key, header, format)

@@ -31,7 +31,7 @@ import time
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import F
 from django.utils import timezone
 
 from redpack.models import (
@@ -47,7 +47,7 @@ from redpack.money import from_cents, to_cents
 
 from .. import registry
 from ..redis_state.keys import mark
-from ..steps import GrabRow, held_marks, insert_grab_rows, take_from_surplus
+from ..steps import GrabRow, claim_packets, held_marks, insert_grab_rows, take_from_surplus
 from . import stream
 from .stream import Entry
 
@@ -159,11 +159,8 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
         activity_id=activity_id,
         rows=[GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh],
     )
-    Packet.objects.filter(pk__in=list(by_packet)).update(
-        status=PacketStatus.TAKEN,
-        grabbed_by_id=Case(*[When(pk=e.packet_id, then=Value(e.user_id)) for e in fresh]),
-        version=F("version") + 1,
-    )
+    if not claim_packets([GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh]):
+        raise Conflict("a packet of the batch was taken meanwhile")  # checked above, under lock
 
 
 def _persist_batch(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:

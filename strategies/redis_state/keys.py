@@ -2,7 +2,7 @@
 
 Keys of one activity share the hash tag `rp:{<id>}:`, so every script touches one slot and runs
 unchanged on Redis Cluster: `rp:{42}:meta`, `rp:{42}:count`, `rp:{42}:grabbed`,
-`rp:{42}:packets` (lua/install.lua describes each), the per-user locks `rp:{42}:lock:<user>`
+`rp:{42}:packets` (lua/install.lua describes each), distributed_lock's `rp:{42}:lock`
 and redis_queue_async's persist stream `rp:{42}:persist`. A grab is recorded in Redis as a
 mark, `cents[:packet_id]`, which is also how redis_queue lists a packet, followed in the grabbed
 hash by `|attempt`, the token of the grab call that made it.
@@ -50,9 +50,6 @@ class Keys:
     @property
     def meta(self) -> str:
         return f"{self.tag}meta"
-
-    def lock(self, user_id: int) -> str:
-        return f"{self.tag}lock:{user_id}"
 
     @property
     def persist(self) -> str:

@@ -41,6 +41,12 @@ class Command(BaseCommand):
             help="Cap of the Locust hot run (it ends once every user grabbed).",
         )
         parser.add_argument("--throughput-seconds", type=int, default=DEFAULTS.throughput_seconds)
+        parser.add_argument(
+            "--lone-grabs",
+            type=int,
+            default=DEFAULTS.lone_grabs,
+            help="Grabs of the `bench lone` run, one at a time (0: skip it).",
+        )
         parser.add_argument("--web-seconds", type=int, default=DEFAULTS.web_seconds)
         parser.add_argument("--ceiling-requests", type=int, default=DEFAULTS.ceiling_requests)
         parser.add_argument("--ceiling-queries", type=int, default=DEFAULTS.ceiling_queries)
