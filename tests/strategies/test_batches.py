@@ -3,6 +3,10 @@ composed by hand, so every run is the same): the same user twice in one batch, a
 the last packet, closed activities, a member MySQL refuses, MySQL failing mid-batch, a Redis
 script error mid-batch. Real MariaDB and Redis; faults through tests/faults.py."""
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -19,6 +23,7 @@ from redpack.money import to_cents
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.redis_state.keys import Keys, new_attempt
+from tests import servers
 from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -201,3 +206,33 @@ def test_a_redis_script_error_mid_batch_leaves_nothing_half_done(make_users, sen
         )
     assert (client.get(keys.ordered()[1]), client.hgetall(keys.ordered()[2])) == before
     assert rows_of(activity) == {}
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_process_killed_mid_batch_leaves_no_grab_half_made(strategy, make_users, sender):
+    """SIGKILL of the process leading a batch, between its decision and its commit: MySQL rolls
+    the batch back (group_commit: the users grab afresh); the Redis strategies' marks have no
+    rows (each user's retry waits for the row, then takes its mark over and writes it)."""
+    activity = send(sender, strategy, count=3)
+    users = make_users(2)
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "tests.paused_grabber", strategy, str(activity.pk)]
+        + [str(u.pk) for u in users],
+        cwd=servers.ROOT,
+        env=servers.service_env(),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert leader.stdout is not None
+        assert leader.stdout.readline() == b"paused\n"  # decided, not committed
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=30)
+    assert rows_of(activity) == {}
+
+    retries = [services.activity_grab(activity_id=activity.pk, user_id=u.pk) for u in users]
+    expected = Outcome.GRABBED if strategy == "group_commit" else Outcome.ALREADY_GRABBED
+    assert [r.outcome for r in retries] == [expected] * 2
+    assert rows_of(activity) == {u.pk: r.amount_cents for u, r in zip(users, retries, strict=True)}
+    assert_consistent(activity)

@@ -1,0 +1,48 @@
+"""`python -m tests.paused_grabber <strategy> <activity> <user>...`: a process that runs these
+users' grabs as one batch, as the combiner's leader would, and stops inside it once the batch is
+decided and not yet committed (group_commit: its rows inserted, COMMIT not sent; the Redis
+strategies: the script ran, MySQL not yet written), printing "paused", so that a test can
+SIGKILL it there.
+
+The pause is patched in here, in the test's child process, not configured in production code.
+"""
+
+import sys
+import time
+from typing import Any
+
+
+def pause(*args: Any, **kwargs: Any) -> None:
+    print("paused", flush=True)
+    time.sleep(300)
+
+
+def main() -> None:
+    name, activity, *users = sys.argv[1:]
+    import django
+
+    django.setup()
+    from strategies import group_commit, registry
+    from strategies.redis_state import RedisStateStrategy
+    from strategies.redis_state.keys import new_attempt
+
+    strategy = registry.get(name)
+    user_ids = [int(user) for user in users]
+    if isinstance(strategy, group_commit.GroupCommitStrategy):
+        insert = group_commit.insert_grab_rows
+
+        def insert_then_pause(**kwargs: Any) -> None:
+            insert(**kwargs)
+            pause()
+
+        group_commit.insert_grab_rows = insert_then_pause  # type: ignore[assignment]
+        strategy.grab_batch(int(activity), user_ids)
+    elif isinstance(strategy, RedisStateStrategy):
+        RedisStateStrategy.write = pause  # type: ignore[assignment,method-assign]
+        strategy.decide_batch(int(activity), [(user, new_attempt()) for user in user_ids])
+    else:
+        raise SystemExit(f"{name} does not batch")
+
+
+if __name__ == "__main__":
+    main()
