@@ -38,8 +38,10 @@ from .steps import (
     GrabRow,
     after_duplicate,
     close_row_locked,
+    grab_transaction,
     held_marks,
     insert_grab_rows,
+    lock_for_grab,
     refusal,
     take_from_surplus,
     written_row,
@@ -76,7 +78,7 @@ class GroupCommitStrategy(GrabStrategy):
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
         try:
-            with transaction.atomic():
+            with grab_transaction():
                 planned, rows = self.plan(activity_id, user_ids)
                 if rows:
                     take_from_surplus(
@@ -100,7 +102,7 @@ class GroupCommitStrategy(GrabStrategy):
 
     def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
         """Under the activity's row lock: every member's answer and the rows to write."""
-        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        activity, _ = lock_for_grab(activity_id=activity_id, user_id=None)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []

@@ -15,7 +15,14 @@ from redpack.models import Activity
 from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
-from .steps import after_duplicate, close_row_locked, lock_for_grab, record_grab, refusal
+from .steps import (
+    after_duplicate,
+    close_row_locked,
+    grab_transaction,
+    lock_for_grab,
+    record_grab,
+    refusal,
+)
 
 
 class PessimisticStrategy(GrabStrategy):
@@ -28,7 +35,7 @@ class PessimisticStrategy(GrabStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:
-            with transaction.atomic():
+            with grab_transaction():
                 activity, held = lock_for_grab(activity_id=activity_id, user_id=user_id)
                 answer = refusal(activity, user_id=None, held=held)
                 if answer is not None:

@@ -11,6 +11,7 @@
   (t_redpack).
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
+- `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path.
 
 Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
 activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
@@ -20,7 +21,8 @@ update the row deadlock. So every writer takes the activity row exclusively (its
 or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's status.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from decimal import Decimal
@@ -36,6 +38,35 @@ from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketS
 from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, Outcome
+
+
+@contextmanager
+def grab_transaction() -> Iterator[None]:
+    """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
+    connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
+    autocommit off and on again around every transaction; anywhere else, or inside an outer
+    transaction, transaction.atomic().
+
+    Inside, use only statements that open no transaction of their own (the raw ones of this
+    module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
+    (see `written_row`). ROLLBACK on any other error; a connection that cannot even roll back
+    is closed, which ends the transaction too.
+    """
+    if connection.vendor != "mysql" or connection.in_atomic_block:
+        with transaction.atomic():
+            yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK")
+            except DatabaseError:
+                connection.close()
+            raise
+        cursor.execute("COMMIT")
 
 
 @dataclass(frozen=True)
@@ -67,12 +98,15 @@ def refusal(
     return None
 
 
-def lock_for_grab(*, activity_id: int, user_id: int) -> tuple[Activity, int | None]:
+def lock_for_grab(*, activity_id: int, user_id: int | None) -> tuple[Activity, int | None]:
     """The activity row, locked (SELECT … FOR UPDATE), and the cents of the user's grab if it
-    has one. On MySQL one raw statement (the lookup as a subquery, no queryset compiled);
-    elsewhere the ORM's two. Activity.DoesNotExist when there is no such activity."""
+    has one (None: no user asked). On MySQL one raw statement (the lookup as a subquery, no
+    queryset compiled), so it also runs inside `grab_transaction`; elsewhere the ORM's two.
+    Activity.DoesNotExist when there is no such activity."""
     if connection.vendor != "mysql":
         activity = Activity.objects.select_for_update().get(pk=activity_id)
+        if user_id is None:
+            return activity, None
         return activity, held_cents(activity_id=activity_id, user_id=user_id)
     with connection.cursor() as cursor:
         cursor.execute(

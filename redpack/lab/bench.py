@@ -48,13 +48,18 @@ INHERITED_SETTINGS = (
 )
 
 
+# One bench process per core: batches of concurrent grabs form only inside a process
+# (strategies/combiner.py), so more threads per process, not more processes, let them grow.
+DEFAULT_PROCESSES = os.cpu_count() or 2
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     strategy: str
     packets: int = 100
     users: int = 10_000
     concurrency: int = 64
-    processes: int = 4
+    processes: int = DEFAULT_PROCESSES
     clicks: int = 1
     allocation: str = "double_average"
     amount_cents: int | None = None  # default: one yuan (100 cents) per packet

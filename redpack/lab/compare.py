@@ -27,6 +27,7 @@ from strategies import registry
 
 from . import ceilings as ceiling_runs
 from . import processes, report
+from .bench import DEFAULT_PROCESSES
 from .meters import Meters
 from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
 
@@ -38,7 +39,7 @@ RAW_CONCURRENCY = 16  # connections of the raw grab transactions (a web tier's p
 class CompareConfig:
     strategies: list[str] = field(default_factory=list)  # empty: every registered strategy
     concurrency: int = 64
-    bench_processes: int = 4
+    bench_processes: int = DEFAULT_PROCESSES  # one per core (bench.py)
     hot_users: int = 10_000
     hot_packets: int = 100
     throughput_packets: int = 100_000

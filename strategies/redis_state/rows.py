@@ -9,7 +9,7 @@ never undone."""
 import logging
 from dataclasses import dataclass
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from redis.exceptions import RedisError
 
 from redpack.errors import OutcomeUnknown
@@ -21,6 +21,7 @@ from ..steps import (
     after_duplicate,
     claim_packet,
     claim_packets,
+    grab_transaction,
     held_marks,
     insert_grab_rows,
     record_grab,
@@ -60,7 +61,7 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
     if len(grabs) > 1:
         rows = [GrabRow(grab.user_id, *parse_mark(grab.mark)) for grab in grabs]
         try:
-            with transaction.atomic():
+            with grab_transaction():
                 take_from_surplus(
                     activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
                 )
@@ -118,7 +119,7 @@ def write_grab(
     this_grab = GrabRow(user_id, cents, packet_id)
     won = GrabResult(Outcome.ALREADY_GRABBED if adopted else Outcome.GRABBED, cents)
     try:
-        with transaction.atomic():
+        with grab_transaction():
             record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
             if packet_id is not None and not claim_packet(
                 packet_id=packet_id, user_id=user_id, cents=cents

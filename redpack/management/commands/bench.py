@@ -9,7 +9,7 @@ from redpack.errors import RedpackError
 from redpack.lab import missing_extra
 
 try:
-    from redpack.lab.bench import BenchConfig, BenchError, run_bench
+    from redpack.lab.bench import DEFAULT_PROCESSES, BenchConfig, BenchError, run_bench
     from redpack.lab.results import BenchResult
 except ModuleNotFoundError as exc:
     raise missing_extra(exc) from exc
@@ -61,7 +61,10 @@ class Command(BaseCommand):
         parser.add_argument("--users", type=int, default=10_000, help="Grabbers, each once.")
         parser.add_argument("--concurrency", type=int, default=64, help="Grabs in flight.")
         parser.add_argument(
-            "--processes", type=int, default=4, help="Worker processes; threads = C / processes."
+            "--processes",
+            type=int,
+            default=DEFAULT_PROCESSES,
+            help="Worker processes (default: one per core); threads = C / processes.",
         )
         parser.add_argument("--clicks", type=int, default=1, help="Grabs per user (2: double).")
         parser.add_argument(
