@@ -41,7 +41,7 @@ from .steps import (
     grab_transaction,
     held_marks,
     insert_grab_rows,
-    lock_for_grab,
+    read_for_grab,
     refusal,
     take_from_surplus,
     written_row,
@@ -102,7 +102,7 @@ class GroupCommitStrategy(GrabStrategy):
 
     def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
         """Under the activity's row lock: every member's answer and the rows to write."""
-        activity, _ = lock_for_grab(activity_id=activity_id, user_id=None)
+        activity, _ = read_for_grab(activity_id=activity_id, user_id=None)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []

@@ -6,8 +6,9 @@ and inserts the detail in the same transaction; the row is locked only for that 
 What it checks twice: open / already grabbed / sold out on the plain read, then the conditional
 update checks version, status and expiry again at the moment it writes, so a grab that read
 before a close cannot land after it.
-Round trips per attempt: 2 reads, then UPDATE + INSERT + COMMIT; a lost race retries after a
-small jittered sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
+Round trips per attempt: 1 read (the first one also reads the user's earlier grab), then
+START TRANSACTION + UPDATE + INSERT + COMMIT; a lost race retries after a small jittered
+sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
 Failure mode: of all grabs that read one version, exactly one wins; the others retry, and each
 round again lets only one through. With fewer retries than rivals, grabbers are turned away
 with `contended` while packets remain (the seed's warning); the contract harness and
@@ -15,7 +16,7 @@ docs/strategies.md show how many.
 """
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import F
 
 from redpack import allocation
@@ -24,7 +25,7 @@ from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .retry import attempts
-from .steps import after_duplicate, record_grab, refusal
+from .steps import after_duplicate, grab_transaction, read_for_grab, record_grab, refusal
 
 
 class OptimisticStrategy(GrabStrategy):
@@ -36,16 +37,18 @@ class OptimisticStrategy(GrabStrategy):
         """Nothing to prepare: the activity row and its version are the whole state."""
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        asking: int | None = user_id  # the user's earlier grab, read with the first attempt's row
         for _ in attempts(settings.REDPACK_OPTIMISTIC_MAX_RETRIES):
-            activity = Activity.objects.get(pk=activity_id)
-            answer = refusal(activity, user_id=user_id)
+            activity, held = read_for_grab(activity_id=activity_id, user_id=asking, lock=False)
+            asking = None  # a retry needs no second look: UNIQUE (activity, user) stands guard
+            answer = refusal(activity, user_id=None, held=held)
             if answer is not None:
                 return answer
             cents = allocation.draw(
                 activity.allocation, to_cents(activity.surplus_amount), activity.surplus_count
             )
             try:
-                with transaction.atomic():
+                with grab_transaction():
                     if record_grab(
                         activity_id=activity_id,
                         user_id=user_id,

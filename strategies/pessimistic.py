@@ -19,7 +19,7 @@ from .steps import (
     after_duplicate,
     close_row_locked,
     grab_transaction,
-    lock_for_grab,
+    read_for_grab,
     record_grab,
     refusal,
 )
@@ -36,7 +36,7 @@ class PessimisticStrategy(GrabStrategy):
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:
             with grab_transaction():
-                activity, held = lock_for_grab(activity_id=activity_id, user_id=user_id)
+                activity, held = read_for_grab(activity_id=activity_id, user_id=user_id)
                 answer = refusal(activity, user_id=None, held=held)
                 if answer is not None:
                     return answer

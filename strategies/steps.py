@@ -84,7 +84,7 @@ def refusal(
     """The answer when a loaded activity row cannot give this user a packet, else None.
 
     `user_id` None skips the dedupe lookup: the caller knows what the user holds (`held`, the
-    cents of the user's grab, read with the row by `lock_for_grab`) or that it holds nothing.
+    cents of the user's grab, read with the row by `read_for_grab`) or that it holds nothing.
     Call it under the same protection as the decrement, so a grab never lands after close.
     """
     if activity.status != ActivityStatus.OPEN or activity.expires_at <= timezone.now():
@@ -98,28 +98,32 @@ def refusal(
     return None
 
 
-def lock_for_grab(*, activity_id: int, user_id: int | None) -> tuple[Activity, int | None]:
-    """The activity row, locked (SELECT … FOR UPDATE), and the cents of the user's grab if it
-    has one (None: no user asked). On MySQL one raw statement (the lookup as a subquery, no
-    queryset compiled), so it also runs inside `grab_transaction`; elsewhere the ORM's two.
-    Activity.DoesNotExist when there is no such activity."""
+def read_for_grab(
+    *, activity_id: int, user_id: int | None, lock: bool = True
+) -> tuple[Activity, int | None]:
+    """The activity row, locked (SELECT … FOR UPDATE) unless `lock` is off, and the cents of
+    the user's grab if it has one (None: no user asked). On MySQL one raw statement (the lookup
+    as a subquery, no queryset compiled), so it also runs inside `grab_transaction`; elsewhere
+    the ORM's two. Activity.DoesNotExist when there is no such activity."""
     if connection.vendor != "mysql":
-        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        rows = Activity.objects.select_for_update() if lock else Activity.objects.all()
+        activity = rows.get(pk=activity_id)
         if user_id is None:
             return activity, None
         return activity, held_cents(activity_id=activity_id, user_id=user_id)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
+            " a.version,"
             f" (SELECT d.amount FROM {GrabDetail._meta.db_table} d"
             "   WHERE d.activity_id = a.id AND d.user_id = %s)"
-            f" FROM {Activity._meta.db_table} a WHERE a.id = %s FOR UPDATE",
+            f" FROM {Activity._meta.db_table} a WHERE a.id = %s" + (" FOR UPDATE" if lock else ""),
             [user_id, activity_id],
         )
         row = cursor.fetchone()
     if row is None:
         raise Activity.DoesNotExist(f"activity {activity_id} does not exist")
-    status, expires_at, surplus_count, surplus_amount, kind, held = row
+    status, expires_at, surplus_count, surplus_amount, kind, version, held = row
     if timezone.is_naive(expires_at):
         expires_at = timezone.make_aware(expires_at, UTC)  # MySQL holds UTC, without a zone
     activity = Activity(
@@ -129,6 +133,7 @@ def lock_for_grab(*, activity_id: int, user_id: int | None) -> tuple[Activity, i
         surplus_count=surplus_count,
         surplus_amount=surplus_amount,
         allocation=kind,
+        version=version,
     )
     return activity, None if held is None else to_cents(held)
 
@@ -262,24 +267,26 @@ def take_from_surplus(
     Django cannot hint an index, hence the raw statement. Elsewhere (the SQLite fallback) the
     ORM runs it, with money.minus keeping the DECIMAL exact.
     """
-    surplus = Activity.objects.filter(pk=activity_id)
-    conditions = ["id = %s"]
-    params: list[Decimal | int | str | None] = [count, from_cents(cents), activity_id]
-    if version is not None:
-        surplus = surplus.filter(version=version)
-        conditions.append("version = %s")
-        params.append(version)
-    if open_only:
-        now = timezone.now()
-        surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=now)
-        conditions.append("status = %s AND expires_at > %s")
-        params += [ActivityStatus.OPEN.value, connection.ops.adapt_datetimefield_value(now)]
+    now = timezone.now()
     if connection.vendor != "mysql":
+        surplus = Activity.objects.filter(pk=activity_id)
+        if version is not None:
+            surplus = surplus.filter(version=version)
+        if open_only:
+            surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=now)
         return surplus.update(
             surplus_count=F("surplus_count") - count,
             surplus_amount=minus("surplus_amount", cents),
             version=F("version") + 1,
         )
+    conditions = ["id = %s"]
+    params: list[Decimal | int | str | None] = [count, from_cents(cents), activity_id]
+    if version is not None:
+        conditions.append("version = %s")
+        params.append(version)
+    if open_only:
+        conditions.append("status = %s AND expires_at > %s")
+        params += [ActivityStatus.OPEN.value, connection.ops.adapt_datetimefield_value(now)]
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Activity._meta.db_table} FORCE INDEX (PRIMARY)"

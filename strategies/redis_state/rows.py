@@ -19,7 +19,6 @@ from ..lua import script
 from ..steps import (
     GrabRow,
     after_duplicate,
-    claim_packet,
     claim_packets,
     grab_transaction,
     held_marks,
@@ -121,9 +120,7 @@ def write_grab(
     try:
         with grab_transaction():
             record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
-            if packet_id is not None and not claim_packet(
-                packet_id=packet_id, user_id=user_id, cents=cents
-            ):
+            if packet_id is not None and not claim_packets([this_grab]):
                 raise PacketTaken(packet_id)
     except PacketTaken:
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
