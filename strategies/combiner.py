@@ -1,11 +1,11 @@
 """Flat combining: concurrent grabs of one activity in one process join a batch, run by one of
 them, so that N waiting grabs cost one round trip (one Redis script, one MySQL transaction).
 
-Per key (a strategy's activity), a FIFO of pending items and a "batch running" flag. A caller
-appends its item; if no batch runs, it leads: it takes up to `cap` items from the front (its own
-is the first), runs them with `run_batch` on its own connections, hands every member its answer,
-then passes the lead to the oldest item still pending, and returns its own answer. Every other
-caller waits on its own event for its answer, or for the lead. So:
+Per key (a strategy's activity), a FIFO of pending items that exists while a batch runs. A
+caller appends its item; if no batch runs, it leads: it takes up to `cap` items from the front
+(its own is the first), runs them with `run_batch` on its own connections, hands every member
+its answer, then passes the lead to the oldest item still pending, and returns its own answer.
+Every other caller waits on its own gate for its answer, or for the lead. So:
 
 - never a timer: a lone grab runs at once, as a batch of one; batches grow only with contention
   (the items that arrived while the previous batch ran), up to `cap`;
@@ -25,7 +25,6 @@ Batch sizes are counted per process (`batch_sizes()`), for the lab's histogram.
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -42,24 +41,29 @@ def _closed_gate() -> threading.Lock:
     return gate
 
 
-@dataclass(eq=False)
 class _Slot(Generic[Item, Answer]):
-    """One caller's item. Its gate is a lock taken at creation: the caller waits by taking it
-    again, a leader wakes it by releasing it (cheaper than an Event: one lock, no condition),
-    once for the lead and once for the answer at most, each after the caller began to wait."""
+    """One caller's item. A follower's gate is a lock taken at creation: the follower waits by
+    taking it again, a leader wakes it by releasing it (cheaper than an Event), once for the
+    lead and once for the answer at most. A caller that leads at once needs no gate."""
 
-    item: Item
-    gate: threading.Lock = field(default_factory=_closed_gate)
-    taken: bool = False  # a batch holds it: the caller waits for the answer, whatever happens
-    lead: bool = False  # woken to lead the next batch
-    answered: bool = False
-    answer: "Answer | BaseException | None" = None
+    __slots__ = ("item", "gate", "taken", "lead", "answered", "answer")
+
+    def __init__(self, item: Item, gate: "threading.Lock | None") -> None:
+        self.item = item
+        self.gate = gate
+        self.taken = False  # a batch holds it: the caller waits for the answer, whatever happens
+        self.lead = False  # woken to lead the next batch
+        self.answered = False
+        self.answer: Answer | BaseException | None = None
 
 
-@dataclass(eq=False)
 class _Lane(Generic[Item, Answer]):
-    pending: "deque[_Slot[Item, Answer]]" = field(default_factory=deque)
-    running: bool = False  # a caller leads; invariant: not running -> nothing pending
+    """An activity's queue; it exists while a batch runs (then a caller leads), else not."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: deque[_Slot[Item, Answer]] = deque()
 
 
 _sizes_lock = threading.Lock()
@@ -100,18 +104,23 @@ class Combiner(Generic[Item, Answer]):
 
         GaveUp when `timeout` seconds passed and no batch had taken the item yet.
         """
-        slot: _Slot[Item, Answer] = _Slot(item)
         with self._lock:
-            lane = self._lanes.setdefault(key, _Lane())
+            lane = self._lanes.get(key)
+            leads = lane is None
+            if lane is None:  # no batch runs: this caller leads one at once
+                lane = self._lanes[key] = _Lane()
+                slot: _Slot[Item, Answer] = _Slot(item, None)
+            else:
+                slot = _Slot(item, _closed_gate())
             lane.pending.append(slot)
-            leads = not lane.running
-            lane.running = True
-        if not leads and not slot.gate.acquire(timeout=-1 if timeout is None else timeout):
-            with self._lock:
-                if not slot.taken and not slot.lead:
-                    lane.pending.remove(slot)
-                    raise GaveUp(f"no batch took the item within {timeout} s")
-            slot.gate.acquire()  # taken meanwhile: its answer (or the lead) is on the way
+        if not leads:
+            assert slot.gate is not None
+            if not slot.gate.acquire(timeout=-1 if timeout is None else timeout):
+                with self._lock:
+                    if not slot.taken and not slot.lead:
+                        lane.pending.remove(slot)
+                        raise GaveUp(f"no batch took the item within {timeout} s")
+                slot.gate.acquire()  # taken meanwhile: its answer (or the lead) is on the way
         if not slot.answered:
             assert leads or slot.lead
             self._lead(key, lane)
@@ -119,37 +128,37 @@ class Combiner(Generic[Item, Answer]):
 
     def _lead(self, key: Hashable, lane: _Lane[Item, Answer]) -> None:
         """Run one batch from the front of the lane (the leader's own item is the first), answer
-        its members, pass the lead on."""
+        its members, pass the lead on (or retire the lane when nobody waits)."""
         with self._lock:
             size = max(1, min(self.cap(), len(lane.pending)))
             batch = [lane.pending.popleft() for _ in range(size)]
             for member in batch:
                 member.taken = True
         with _sizes_lock:
-            _sizes[len(batch)] += 1
+            _sizes[size] += 1
         try:
             answers: Sequence[Answer | BaseException] = self.run_batch(
                 key, [member.item for member in batch]
             )
-            if len(answers) != len(batch):
-                raise RuntimeError(f"{len(answers)} answers for a batch of {len(batch)}")
+            if len(answers) != size:
+                raise RuntimeError(f"{len(answers)} answers for a batch of {size}")
         except BaseException as exc:  # noqa: BLE001 - every member gets it, the lead moves on
-            answers = [exc] * len(batch)
+            answers = [exc] * size
         finally:
             with self._lock:
                 if lane.pending:
                     successor = lane.pending[0]
                     successor.lead = True
+                    assert successor.gate is not None
                     successor.gate.release()
                 else:
-                    lane.running = False
-                    if self._lanes.get(key) is lane:
-                        del self._lanes[key]
-        for member, answer in zip(batch, answers, strict=True):
+                    del self._lanes[key]
+        batch[0].answer, batch[0].answered = answers[0], True  # the leader's own: no gate
+        for member, answer in zip(batch[1:], answers[1:], strict=True):
             member.answer = answer
             member.answered = True
-            if member is not batch[0]:  # the leader's own item: it is the one answering
-                member.gate.release()
+            assert member.gate is not None
+            member.gate.release()
 
     @staticmethod
     def _answer_of(slot: "_Slot[Item, Answer]") -> Answer:
