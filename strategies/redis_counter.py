@@ -2,7 +2,7 @@
 
 Send: nothing is cut; rp:{id}:count holds the packets left and the meta the cents left, written
 when the send commits. Grab: concurrent grabs of the activity in this process join a batch
-(strategies/combiner.py); one EVALSHA (lua/counter_grab.lua) checks closed and expired, dedupes,
+(strategies/combiner.py); one EVALSHA (lua/grab.lua, drawing) checks closed and expired, dedupes,
 checks the counter, draws each winner's amount from what is left (the activity's allocation, in
 Lua, on integer cents), records user -> amount and decrements, atomically: no window between
 "won" and "how much". Then one MySQL transaction (group commit) writes the winners' detail rows
@@ -29,7 +29,7 @@ class RedisCounterStrategy(RedisStateStrategy):
         "Nothing is cut at send; one EVALSHA draws the amounts for a batch of concurrent grabs "
         "and one MySQL transaction writes the batch's winners."
     )
-    grab_script = "counter_grab"
+    takes = "draw"
 
-    def script_extra(self) -> tuple[int, ...]:
-        return (secrets.randbelow(2**31),)  # the draw's seed (lua/counter_grab.lua)
+    def script_args(self) -> tuple[str, int]:
+        return (self.takes, secrets.randbelow(2**31))  # a fresh seed for the draw (lua/grab.lua)

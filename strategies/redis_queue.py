@@ -2,7 +2,7 @@
 
 Send: the total is cut at once (allocation.split) into t_redpack rows, pushed to the list
 rp:{id}:packets when the send commits. Grab: concurrent grabs of the activity in this process
-join a batch (strategies/combiner.py); one EVALSHA (lua/queue_grab.lua) checks closed and
+join a batch (strategies/combiner.py); one EVALSHA (lua/grab.lua, popping) checks closed and
 expired, dedupes, pops a packet and records user -> packet for every member, atomically; then
 one MySQL transaction (group commit) writes the winners' detail rows, marks their packets TAKEN
 and decrements the surplus once, and only then is each winner answered `grabbed`. If that write
@@ -32,7 +32,6 @@ class RedisQueueStrategy(RedisStateStrategy):
         "One EVALSHA pops pre-split packets for a batch of concurrent grabs; one MySQL "
         "transaction writes the batch's winners before they are answered."
     )
-    grab_script = "queue_grab"
 
     def prepare(self, activity: Activity) -> None:
         split_into_packets(activity)

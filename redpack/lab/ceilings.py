@@ -50,22 +50,25 @@ _STATE = (
 # A batch of one user per call: the one-grab-per-round-trip rate the batched strategies aim past.
 STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
     "redis_counter": (
-        "counter_grab.lua",
+        "grab.lua",
         "4",
         *_STATE,
         "$now_ms",
+        "draw",
         "12345",
         "$user",
         "$user",  # the attempt token: a user drawn again re-runs its attempt (one answer)
     ),
-    "redis_queue": ("queue_grab.lua", "4", *_STATE, "$now_ms", "$user", "$user"),
-    "redis_queue_single": ("queue_grab.lua", "4", *_STATE, "$now_ms", "$user", "$user"),
+    "redis_queue": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user"),
+    "redis_queue_single": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user"),
     "redis_queue_async": (
-        "queue_grab.lua",
+        "grab.lua",
         "5",
         *_STATE,
         "rp:{$activity}:persist",
         "$now_ms",
+        "pop",
+        "0",
         "$user",
         "$user",
     ),

@@ -2,7 +2,7 @@
 
 Send: as redis_queue (pre-split t_redpack rows, pushed to the list rp:{id}:packets when the send
 commits); the activity also joins the index the persister scans. Grab: concurrent grabs of the
-activity in this process join a batch (strategies/combiner.py); one EVALSHA (lua/queue_grab.lua
+activity in this process join a batch (strategies/combiner.py); one EVALSHA (lua/grab.lua
 with the persist stream as fifth key) checks closed and expired, dedupes, pops a packet, records
 user -> packet and appends {user, packet} to the stream rp:{id}:persist for every member,
 atomically, and the answers come from Redis alone: `grabbed` means "in the stream", not "in
@@ -167,6 +167,6 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         return recorded
 
     def ttl_differences(self, keys: list[str], state: Snapshot) -> list[str]:
-        """While it holds grabs the stream never expires (queue_grab.lua), by design."""
+        """While it holds grabs the stream never expires (lua/grab.lua), by design."""
         holding = f"{keys[-1]} never expires" if state.stream else None
         return [d for d in super().ttl_differences(keys, state) if d != holding]

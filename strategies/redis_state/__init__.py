@@ -16,7 +16,7 @@ waits for a rebuild.
   Redis back on failure.
 
 Batching (strategies/combiner.py): concurrent grabs of one activity in one process join a batch;
-one script run decides all of them (lua/queue_grab.lua, lua/counter_grab.lua take many users)
+one script run decides all of them (lua/grab.lua takes many users)
 and one MySQL transaction writes the winners. A lone grab is a batch of one. `batched = False`
 keeps the seeds' one grab per round trip, for comparison.
 - audit.py: Redis against MySQL, difference by difference.
@@ -61,7 +61,8 @@ class RedisStateStrategy(GrabStrategy):
     """A grab is decided by one Lua script in Redis, then written to MySQL before the answer."""
 
     rebuildable = True
-    grab_script: ClassVar[str]  # lua/<grab_script>.lua decides a batch of grabs
+    # How lua/grab.lua takes a packet: "pop" a pre-split one, or "draw" the amount.
+    takes: ClassVar[str] = "pop"
     batched: ClassVar[bool] = True  # False: one grab per round trip (the seeds' way)
     # A mark in Redis is a final grab (redis_queue_async: it is in the persist stream), so
     # `already_grabbed` is answered from it; else only once MySQL holds the row.
@@ -71,9 +72,10 @@ class RedisStateStrategy(GrabStrategy):
     def combiner(self) -> Combiner[Member, Decision]:
         return Combiner(self.decide_batch, cap=lambda: settings.REDPACK_BATCH_MAX)
 
-    def script_extra(self) -> tuple[int, ...]:
-        """ARGV the grab script takes before the users (fresh per script run)."""
-        return ()
+    def script_args(self) -> tuple[str, int]:
+        """ARGV lua/grab.lua takes before the users: how it takes a packet, and a seed for a
+        draw (fresh per script run)."""
+        return (self.takes, 0)
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         attempt = new_attempt()
@@ -114,9 +116,7 @@ class RedisStateStrategy(GrabStrategy):
         written, is answered here; one whose grab was made by an attempt outside the batch gets
         the reply, and its own call settles it (`grab`)."""
         assert isinstance(activity_id, int)
-        replies = run_grabs(
-            self.grab_script, self.state_keys(activity_id), members, *self.script_extra()
-        )
+        replies = run_grabs(self.state_keys(activity_id), members, *self.script_args())
         won = [
             Won(user_id, attempt, reply.mark or "", reply.epoch or "")
             for (user_id, attempt), reply in zip(members, replies, strict=True)
@@ -216,11 +216,11 @@ class RedisStateStrategy(GrabStrategy):
             )
         self.install(activity_id)
 
-    def run_grab(
-        self, name: str, activity_id: int, user_id: int, attempt: str, *extra: int
-    ) -> GrabReply:
-        """Run a grab script for one attempt alone (keys.run_grabs settles a lost reply)."""
-        (reply,) = run_grabs(name, self.state_keys(activity_id), [(user_id, attempt)], *extra)
+    def run_grab(self, activity_id: int, user_id: int, attempt: str) -> GrabReply:
+        """Run the grab script for one attempt alone (keys.run_grabs settles a lost reply)."""
+        (reply,) = run_grabs(
+            self.state_keys(activity_id), [(user_id, attempt)], *self.script_args()
+        )
         return reply
 
     def answer(self, reply: GrabReply, activity_id: int) -> GrabResult:

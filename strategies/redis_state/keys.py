@@ -80,7 +80,7 @@ def new_attempt() -> str:
 
 @dataclass(frozen=True)
 class GrabReply:
-    """What a grab script answered for one user (lua/counter_grab.lua, lua/queue_grab.lua)."""
+    """What the grab script (lua/grab.lua) answered for one user."""
 
     outcome: str
     mark: str | None = None
@@ -89,10 +89,10 @@ class GrabReply:
 
 
 def run_grabs(
-    name: str, keys: list[str], members: list[tuple[int, str]], *extra: int
+    keys: list[str], members: list[tuple[int, str]], *extra: int | str
 ) -> list[GrabReply]:
-    """Run a grab script (lua/<name>.lua) for a batch of (user, attempt), settling a lost reply;
-    one reply per member, in order.
+    """Run the grab script (lua/grab.lua, `extra` its ARGV before the users) for a batch of
+    (user, attempt), settling a lost reply; one reply per member, in order.
 
     Outcome unknown: when the connection drops or times out after the request left, the script
     may have run. The scripts are idempotent per attempt, so the same call is sent again on a
@@ -107,9 +107,9 @@ def run_grabs(
         args += [user_id, attempt]
     for run in range(settings.REDPACK_REDIS_GRAB_RERUNS + 1):
         try:
-            reply = script(name)(keys=keys, args=args)
+            reply = script("grab")(keys=keys, args=args)
         except (ConnectionError, TimeoutError) as exc:
-            logger.warning("%s: reply %d lost (%s); the outcome is unknown", name, run + 1, exc)
+            logger.warning("grab: reply %d lost (%s); the outcome is unknown", run + 1, exc)
             lost = exc
             continue
         epoch = reply[0].decode() or None
