@@ -6,7 +6,8 @@ grabs that arrive in one process while a batch runs join the next batch (strateg
 a lone grab runs at once, as a batch of one), and one transaction serves the batch:
 
 1. SELECT … FOR UPDATE on the activity row (status, expiry, what is left);
-2. which of the batch's users already hold a packet (one SELECT … IN);
+2. which of the batch's users already hold a packet (one SELECT … IN; a batch of one reads its
+   user's grab with the row);
 3. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
    the same user twice in the batch: one packet, the later click `already_grabbed`;
 4. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
@@ -102,12 +103,16 @@ class GroupCommitStrategy(GrabStrategy):
 
     def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
         """Under the activity's row lock: every member's answer and the rows to write."""
-        activity, _ = read_for_grab(activity_id=activity_id, user_id=None)
+        alone = user_ids[0] if len(user_ids) == 1 else None
+        activity, alone_holds = read_for_grab(activity_id=activity_id, user_id=alone)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []
-        held = held_marks(activity_id=activity_id, user_ids=user_ids)
-        holding = {user_id: row.cents for user_id, row in held.items()}
+        if alone is not None:  # a batch of one: its user's grab was read with the row
+            holding = {} if alone_holds is None else {alone: alone_holds}
+        else:
+            held = held_marks(activity_id=activity_id, user_ids=user_ids)
+            holding = {user_id: row.cents for user_id, row in held.items()}
         left_cents, left_count = to_cents(activity.surplus_amount), activity.surplus_count
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []

@@ -86,7 +86,9 @@ BOUND_BY = {
     "group_commit": "mysql",
     "redis_queue": "mysql_raw_batched",
     "redis_counter": "mysql_raw_batched",
+    "redis_queue_single": "mysql_raw",  # a MySQL transaction per winner, as the seeds
 }
+NO_CEILING_RUNS = {"bench lone"}  # one grab at a time: a latency, not a rate to hold to a ceiling
 
 
 def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
@@ -113,6 +115,8 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
         over_http = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
         for row in rows:
             bound = over_http if row["run"].startswith("HTTP") else storage
+            if row["run"] in NO_CEILING_RUNS:
+                bound = None
             row["ceiling"] = bound["name"] if bound else None
             row["ceiling_rate"] = bound["requests_per_s"] if bound else None
             rate = row.get("requests_per_s")

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -24,7 +23,6 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.redis_state.keys import Keys, new_attempt
 from tests import servers
-from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,20 +55,6 @@ def assert_consistent(activity: Activity) -> None:
     activity.refresh_from_db()
     report = audit_activity(activity)
     assert report.ok, report.violations
-
-
-@pytest.fixture
-def mysql_proxy() -> Iterator[FaultProxy]:
-    """This thread's MySQL connection through the proxy."""
-    params = connection.settings_dict
-    proxy = FaultProxy((params["HOST"] or "127.0.0.1", int(params["PORT"] or 3306)))
-    saved = (params["HOST"], params["PORT"])
-    connection.close()
-    params["HOST"], params["PORT"] = "127.0.0.1", str(proxy.port)
-    yield proxy
-    connection.close()
-    params["HOST"], params["PORT"] = saved
-    proxy.cut()
 
 
 @pytest.mark.parametrize("strategy", BATCHED)

@@ -20,6 +20,9 @@ MYSQL_STRATEGIES = [
     "optimistic",
     "preallocated",
     "preallocated_skip_locked",
+    "group_commit",  # close() racing batches, each one transaction
+    "redis_queue",  # batches decided in Redis, written to MySQL before the answers
+    "redis_counter",
 ]
 
 

@@ -21,7 +21,7 @@ from redpack.money import from_cents, to_cents
 from strategies import registry
 from strategies.base import Outcome
 from strategies.lua import script
-from strategies.redis_state.keys import Keys, now_ms
+from strategies.redis_state.keys import Keys, now_ms, run_grabs
 from tests.contract.harness import grab_concurrently
 
 REDIS_STRATEGIES = ["redis_queue", "redis_counter"]
@@ -261,8 +261,8 @@ def test_redis_counter_first_draw_has_the_allocations_mean(
     for user_id in range(DRAWS):
         far = now_ms() + 60_000
         script("install")(keys=keys, args=["e", "open", far, far, allocation, count, remaining, 0])
-        reply = script("counter_grab")(
-            keys=keys, args=[now_ms(), secrets.randbelow(2**31), user_id, "attempt"]
+        reply = script("grab")(
+            keys=keys, args=[now_ms(), "draw", secrets.randbelow(2**31), user_id, "attempt"]
         )
         draws.append(int(reply[2]))  # epoch, then (outcome, mark, holder)
     assert min(draws) >= 1 and max(draws) <= remaining - (count - 1)
@@ -275,11 +275,11 @@ def test_redis_counter_draws_follow_the_seed_python_passes(make_users, sender):
     replay the same amounts; the script reseeds from the caller's fresh seed instead."""
     users = make_users(6)
     twins = [send(sender, "redis_counter", "100.00", 6) for _ in range(2)]
-    strategy = registry.get("redis_counter")
+    keys_of = registry.get("redis_counter").state_keys  # type: ignore[attr-defined]
 
     def amounts(activity: Activity, first_seed: int) -> list[int]:
         marks = [
-            strategy.run_grab("counter_grab", activity.pk, user.pk, f"t{i}", first_seed + i).mark
+            run_grabs(keys_of(activity.pk), [(user.pk, f"t{i}")], "draw", first_seed + i)[0].mark
             for i, user in enumerate(users)
         ]
         return [int(mark) for mark in marks]
