@@ -97,7 +97,9 @@ class GroupCommitStrategy(GrabStrategy):
                 return [refused]
         except DatabaseError:
             if not rows:
-                raise  # nothing was being written (e.g. a lock wait timeout): every member's
+                # Nothing was being written (e.g. a lock wait timeout on the row): every member
+                # gets the error, and services answers a lock timeout `contended`.
+                raise
             return self.settle_in_doubt(activity_id, user_ids, planned, rows)
         return planned
 
