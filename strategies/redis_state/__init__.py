@@ -30,7 +30,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
@@ -133,7 +133,14 @@ class RedisStateStrategy(GrabStrategy):
         ]
         if self.marks_are_final:
             elsewhere = []
-        held = self.held_rows(activity_id, elsewhere) if elsewhere else {}
+        held: dict[int, int] = {}
+        if elsewhere:
+            try:
+                held = self.held_rows(activity_id, elsewhere)
+            except DatabaseError:
+                logger.warning("activity %s: grabs held elsewhere not looked up", activity_id)
+                # Each of those members asks again on its own (`grab`); the others' answers,
+                # grabs written above among them, do not depend on it.
         decisions: list[Decision | Exception] = []
         for (user_id, attempt), reply in zip(members, replies, strict=True):
             if reply.outcome == "grabbed":
