@@ -10,7 +10,8 @@ second deadlocks two grabs under load.
 What it checks twice: open / already grabbed / sold out on a plain read, then open, unexpired
 and surplus left again under the activity row lock; if closed, nothing is written and the
 answer is `closed`.
-Round trips per attempt: 3 reads (activity, own detail, the random packet), then
+Round trips per attempt: 3 reads (activity, own detail, the random packet: a range read from a
+random pivot, see `random_available`), then
 SELECT … FOR UPDATE + UPDATE packet + UPDATE activity + INSERT detail + COMMIT.
 Failure mode: the pick is made before the lock, so two grabs can pick the same packet; the
 loser rolls back and picks again, up to REDPACK_PREALLOCATED_MAX_RETRIES times. Near the end
@@ -19,10 +20,12 @@ activity row still serialises the short claim transaction of every grab.
 """
 
 import random
+from functools import lru_cache
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Max, Min
 
 from redpack.models import Activity, Packet, PacketStatus
 from redpack.money import to_cents
@@ -53,7 +56,7 @@ class PreallocatedStrategy(GrabStrategy):
             answer = refusal(activity, user_id=user_id)
             if answer is not None:
                 return answer
-            picked = random_available(activity, 1).values_list("id", "version", "amount")
+            picked = random_available(activity, 1, "id", "version", "amount")
             if not picked:
                 continue  # the surplus read was stale; count it as a lost race
             [(packet_id, version, amount)] = picked
@@ -80,13 +83,36 @@ class PreallocatedStrategy(GrabStrategy):
             return close_row_locked(activity_id=activity_id)
 
 
-def random_available(activity: Activity, size: int) -> QuerySet[Packet]:
-    """Up to `size` available packets in id order, starting at a uniformly random one.
+def random_available(activity: Activity, size: int, *fields: str) -> list[tuple[Any, ...]]:
+    """`fields` of up to `size` available packets in id order, from a random point of the
+    activity's id range on, wrapping around.
 
-    A plain read, on purpose: a locking range scan of (activity_id, status) would also lock the
-    entry just past its range, a taken packet's, which the next claim has to rewrite.
+    Two range reads on the (activity, status) index from a random pivot, not an OFFSET, which
+    reads every row it skips (tens of milliseconds of MySQL per pick on 100,000 packets). A
+    packet right after a run of taken ones is picked a little more often; the pick only has to
+    spread rivals apart. A plain read, on purpose: a locking range scan of (activity_id,
+    status) would also lock the entry just past its range, a taken packet's, which the next
+    claim has to rewrite.
     """
-    offset = random.randrange(activity.surplus_count)
-    return Packet.objects.filter(activity_id=activity.pk, status=PacketStatus.AVAILABLE).order_by(
-        "id"
-    )[offset : offset + size]
+    span = packet_id_span(activity.pk)
+    if span is None:
+        return []
+    pivot = random.randint(*span)
+    available = Packet.objects.filter(
+        activity_id=activity.pk, status=PacketStatus.AVAILABLE
+    ).order_by("id")
+    picked = list(available.filter(pk__gte=pivot).values_list(*fields)[:size])
+    if len(picked) < size:
+        picked += available.filter(pk__lt=pivot).values_list(*fields)[: size - len(picked)]
+    return picked
+
+
+@lru_cache(maxsize=4096)
+def packet_id_span(activity_id: int) -> tuple[int, int] | None:
+    """The lowest and highest id of the activity's packets, read once per process (they never
+    change after the send); None for an activity without packets. A stale span (an id reused
+    by a test database) only makes the pick less random: `random_available` wraps around."""
+    span = Packet.objects.filter(activity_id=activity_id).aggregate(low=Min("id"), high=Max("id"))
+    if span["low"] is None:
+        return None
+    return span["low"], span["high"]

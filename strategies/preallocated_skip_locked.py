@@ -47,11 +47,11 @@ class SkipLockedStrategy(PreallocatedStrategy):
         answer = refusal(activity, user_id=user_id)
         if answer is not None:
             return answer
-        window = random_available(activity, WINDOW).values_list("id", flat=True)
+        window = [packet_id for (packet_id,) in random_available(activity, WINDOW, "id")]
         available = Packet.objects.filter(status=PacketStatus.AVAILABLE)
         try:
             with transaction.atomic():
-                packet = _lock_first_free(available.filter(pk__in=list(window)))
+                packet = _lock_first_free(available.filter(pk__in=window))
                 if packet is None:
                     # Every packet of the window is held by a grab in flight. Queue on the
                     # activity row like those grabs (a wait in MySQL, not a retry loop); once
