@@ -6,10 +6,11 @@ import psutil
 
 from redpack.lab import processes
 
-# A parent that starts a grandchild and then sleeps: stopping the parent must stop both.
+# A parent that starts a grandchild and then sleeps: stopping the parent must stop both. The
+# grandchild is `sleep` (no interpreter to start), so the parent prints its pid at once.
 FAMILY = (
-    "import subprocess, sys, time;"
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+    "import subprocess, time;"
+    "child = subprocess.Popen(['sleep', '600']);"
     "print(child.pid, flush=True); time.sleep(600)"
 )
 
@@ -20,7 +21,8 @@ def test_run_captures_output_and_the_exit_code():
 
 
 def test_run_kills_the_whole_group_when_it_outlives_its_timeout():
-    done = processes.run([sys.executable, "-c", FAMILY], timeout=5)
+    # Long enough for the parent to start and print even on a loaded machine.
+    done = processes.run([sys.executable, "-c", FAMILY], timeout=15)
     assert done.returncode < 0  # killed
     grandchild = int(done.stdout.split()[0])
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
