@@ -15,7 +15,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -251,44 +251,60 @@ def _mysqlslap(
     )
 
 
-def _python_hot_row(db: dict, schema: str, *, name: str, queries: int, concurrency: int) -> Ceiling:
-    def connect(database: str | None = None) -> MySQLdb.Connection:
-        kwargs = {"database": database} if database else {}
-        return MySQLdb.connect(
-            host=db.get("HOST") or "127.0.0.1",
-            port=int(db.get("PORT") or 3306),
-            user=db.get("USER") or "root",
-            password=db.get("PASSWORD") or "",
-            autocommit=True,
-            **kwargs,
-        )
+def _connect(db: dict, database: str | None = None, *, autocommit: bool) -> MySQLdb.Connection:
+    """A plain mysqlclient connection to the configured server, without Django."""
+    kwargs = {"database": database} if database else {}
+    return MySQLdb.connect(
+        host=db.get("HOST") or "127.0.0.1",
+        port=int(db.get("PORT") or 3306),
+        user=db.get("USER") or "root",
+        password=db.get("PASSWORD") or "",
+        autocommit=autocommit,
+        **kwargs,
+    )
 
-    admin = connect()
+
+def _timed_threads(
+    work: Callable[[int, MySQLdb.Connection, threading.Barrier], None],
+    connections: list[MySQLdb.Connection],
+) -> float:
+    """Seconds from one start signal until every connection's thread finished `work(index,
+    connection, start)` (each waits on `start` before its first statement); then the
+    connections are closed."""
+    start = threading.Barrier(len(connections) + 1)
+    threads = [
+        threading.Thread(target=work, args=(i, conn, start)) for i, conn in enumerate(connections)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        start.wait()
+        began = time.monotonic()
+        for thread in threads:
+            thread.join()
+        return time.monotonic() - began
+    finally:
+        for conn in connections:
+            conn.close()
+
+
+def _python_hot_row(db: dict, schema: str, *, name: str, queries: int, concurrency: int) -> Ceiling:
+    admin = _connect(db, autocommit=True)
     cursor = admin.cursor()
     cursor.execute(f"DROP SCHEMA IF EXISTS `{schema}`")
     cursor.execute(f"CREATE SCHEMA `{schema}`")
     cursor.execute(f"CREATE TABLE `{schema}`.{HOT_ROW_TABLE.removeprefix('CREATE TABLE ')}")
     cursor.execute(f"INSERT INTO `{schema}`.hot_row VALUES (1, 0)")
     each = max(1, queries // concurrency)
-    connections = [connect(schema) for _ in range(concurrency)]
-    start = threading.Barrier(concurrency + 1)
+    connections = [_connect(db, schema, autocommit=True) for _ in range(concurrency)]
 
-    def hammer(conn: MySQLdb.Connection) -> None:
+    def hammer(index: int, conn: MySQLdb.Connection, start: threading.Barrier) -> None:
         own = conn.cursor()
         start.wait()
         for _ in range(each):
             own.execute(HOT_ROW_UPDATE)
 
-    threads = [threading.Thread(target=hammer, args=(c,)) for c in connections]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    began = time.monotonic()
-    for thread in threads:
-        thread.join()
-    seconds = time.monotonic() - began
-    for conn in connections:
-        conn.close()
+    seconds = _timed_threads(hammer, connections)
     cursor.execute(f"DROP SCHEMA `{schema}`")
     admin.close()
     return Ceiling(
@@ -324,19 +340,9 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
             expires_in=3600,
         )
     activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
-    connections = [
-        MySQLdb.connect(
-            host=db.get("HOST") or "127.0.0.1",
-            port=int(db.get("PORT") or 3306),
-            user=db.get("USER") or "root",
-            password=db.get("PASSWORD") or "",
-            database=db["NAME"],
-        )
-        for _ in range(concurrency)
-    ]
-    start = threading.Barrier(concurrency + 1)
+    connections = [_connect(db, db["NAME"], autocommit=False) for _ in range(concurrency)]
 
-    def grab_loop(index: int, conn: MySQLdb.Connection) -> None:
+    def grab_loop(index: int, conn: MySQLdb.Connection, start: threading.Barrier) -> None:
         own = conn.cursor()
         marks = ", ".join(["%s"] * per_transaction)
         start.wait()
@@ -365,18 +371,9 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
             )
             conn.commit()
 
-    threads = [threading.Thread(target=grab_loop, args=(i, c)) for i, c in enumerate(connections)]
     try:
-        for thread in threads:
-            thread.start()
-        start.wait()
-        began = time.monotonic()
-        for thread in threads:
-            thread.join()
-        seconds = time.monotonic() - began
+        seconds = _timed_threads(grab_loop, connections)
     finally:
-        for conn in connections:
-            conn.close()
         GrabDetail.objects.filter(activity_id=activity.pk).delete()
         Activity.objects.filter(pk=activity.pk).delete()
     return Ceiling(
