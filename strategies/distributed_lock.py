@@ -10,8 +10,8 @@ write itself is fenced: a lock can expire under a paused process (GC, swap, a sl
 then a second holder runs beside it. So the decrement is `UPDATE … WHERE id=? AND version=?`
 with the version read under the lock: 0 rows means someone wrote since, and the transaction
 rolls back with `contended`. The lock makes grabs orderly; the version makes them correct.
-Round trips: 2 reads before the lock, SET NX (polled while waiting), ~4 statements in one
-transaction, the release script.
+Round trips: 1 read before the lock (the activity with the user's grab), SET NX (polled while
+waiting), START TRANSACTION + the same read + UPDATE + INSERT + COMMIT, the release script.
 Failure mode: throughput is one lock hand-off per grab, and redis-py's Lock polls (no queue,
 no fairness), so waiters burn round trips and one who waits longer than REDPACK_LOCK_WAIT is
 turned away with `contended` while packets remain.
@@ -30,7 +30,14 @@ from redpack.models import Activity
 from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
-from .steps import after_duplicate, close_row_locked, record_grab, refusal
+from .steps import (
+    after_duplicate,
+    close_row_locked,
+    grab_transaction,
+    read_for_grab,
+    record_grab,
+    refusal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +69,8 @@ class DistributedLockStrategy(GrabStrategy):
         """Nothing to prepare: the lock is created by the first grab and expires on its own."""
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        answer = refusal(Activity.objects.get(pk=activity_id), user_id=user_id)
+        activity, held = read_for_grab(activity_id=activity_id, user_id=user_id, lock=False)
+        answer = refusal(activity, user_id=None, held=held)
         if answer is not None:
             return answer
         lock = activity_lock(activity_id, wait=settings.REDPACK_LOCK_WAIT)
@@ -75,11 +83,11 @@ class DistributedLockStrategy(GrabStrategy):
 
     def _grab_locked(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:
-            # durable: this block is the outermost, so leaving it is the commit, and the lock
-            # is released only after that.
-            with transaction.atomic(durable=True):
-                activity = Activity.objects.get(pk=activity_id)
-                answer = refusal(activity, user_id=user_id)
+            # Outermost on the hot path (a request, the bench): leaving the block is the
+            # commit, and the lock is released only after that.
+            with grab_transaction():
+                activity, held = read_for_grab(activity_id=activity_id, user_id=user_id, lock=False)
+                answer = refusal(activity, user_id=None, held=held)
                 if answer is not None:
                     return answer
                 cents = allocation.draw(

@@ -13,7 +13,8 @@ A locking read takes no foreign-key lock, so holding the packet before the activ
 the lock order of strategies/steps.py.
 What it checks twice: open / already grabbed / sold out on a plain read, then open and
 unexpired again in the decrement.
-Round trips: 3 reads, then SELECT … SKIP LOCKED + UPDATE activity + INSERT + UPDATE packet +
+Round trips: 2 reads (the activity with the user's grab, the window), then START TRANSACTION +
+SELECT … SKIP LOCKED + UPDATE activity + INSERT + UPDATE packet +
 COMMIT. Near the end every remaining packet may be held by grabs queued on the activity row;
 a grab that finds its window held queues there too (a wait in MySQL, not a retry loop) and
 looks again, at all the packets, once the grabs ahead of it are done.
@@ -22,15 +23,24 @@ row's hand-off; a grab whose second look finds every packet held by grabs queued
 answers `contended` (they may still roll back). Older MySQL/MariaDB lack SKIP LOCKED.
 """
 
-from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from decimal import Decimal
 
-from redpack.models import Activity, Packet, PacketStatus
+from django.db import IntegrityError, connection
+
+from redpack.models import Packet, PacketStatus
 from redpack.money import to_cents
 
 from .base import GrabResult, Outcome
 from .preallocated import PreallocatedStrategy, random_available
-from .steps import after_duplicate, claim_packet, record_grab, refusal
+from .steps import (
+    Statement,
+    after_duplicate,
+    claim_packet,
+    grab_transaction,
+    read_for_grab,
+    record_grab,
+    refusal,
+)
 
 # Candidates per attempt: enough that grabs in flight rarely cover all of them.
 WINDOW = 16
@@ -43,48 +53,56 @@ class SkipLockedStrategy(PreallocatedStrategy):
     requires = frozenset({"mysql"})  # SQLite has no row locks to skip
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        activity = Activity.objects.get(pk=activity_id)
-        answer = refusal(activity, user_id=user_id)
+        activity, held = read_for_grab(activity_id=activity_id, user_id=user_id, lock=False)
+        answer = refusal(activity, user_id=None, held=held)
         if answer is not None:
             return answer
-        window = [packet_id for (packet_id,) in random_available(activity, WINDOW, "id")]
-        available = Packet.objects.filter(status=PacketStatus.AVAILABLE)
+        window = [packet_id for packet_id, _, _ in random_available(activity_id, WINDOW)]
+        marks = ", ".join(["%s"] * len(window))
         try:
-            with transaction.atomic():
-                packet = _lock_first_free(available.filter(pk__in=window))
+            with grab_transaction():
+                packet = _lock_first_free(f"id IN ({marks})", window) if window else None
                 if packet is None:
                     # Every packet of the window is held by a grab in flight. Queue on the
                     # activity row like those grabs (a wait in MySQL, not a retry loop); once
                     # it is ours, whoever was ahead has committed or rolled back, and nobody
                     # else can claim, so scanning all the activity's packets is safe.
-                    answer = refusal(
-                        Activity.objects.select_for_update().get(pk=activity_id), user_id=None
-                    )
+                    locked, _ = read_for_grab(activity_id=activity_id, user_id=None)
+                    answer = refusal(locked, user_id=None)
                     if answer is not None:
                         return answer
-                    packet = _lock_first_free(available.filter(activity_id=activity_id))
+                    packet = _lock_first_free("activity_id = %s", [activity_id])
                     if packet is None:
                         return GrabResult(Outcome.CONTENDED)  # all held by grabs queued behind
-                cents = to_cents(packet.amount)
+                packet_id, version, amount = packet
+                cents = to_cents(amount)
                 if not record_grab(
                     activity_id=activity_id,
                     user_id=user_id,
                     cents=cents,
                     open_only=True,
-                    redpack_id=packet.pk,
+                    redpack_id=packet_id,
                 ):
                     return GrabResult(Outcome.CLOSED)
                 # Cannot lose: the row is locked by this transaction.
-                claim_packet(packet_id=packet.pk, version=packet.version, user_id=user_id)
+                claim_packet(packet_id=packet_id, version=version, user_id=user_id)
                 return GrabResult(Outcome.GRABBED, cents)
         except IntegrityError as exc:
             return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
 
-def _lock_first_free(packets: QuerySet[Packet]) -> Packet | None:
+def _lock_first_free(where: str, params: list[int]) -> tuple[int, int, Decimal] | None:
+    """(id, version, amount) of the first available packet matching `where` that no other
+    transaction holds, locked, in one raw statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(*lock_first_free_sql(where, params))
+        return cursor.fetchone()
+
+
+def lock_first_free_sql(where: str, params: list[int]) -> Statement:
+    """`_lock_first_free`'s statement (FOR UPDATE SKIP LOCKED)."""
     return (
-        packets.select_for_update(skip_locked=True)
-        .order_by("id")
-        .only("id", "version", "amount")
-        .first()
+        f"SELECT id, version, amount FROM {Packet._meta.db_table}"
+        f" WHERE {where} AND status = %s ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+        [*params, PacketStatus.AVAILABLE.value],
     )

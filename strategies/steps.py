@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
-from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, connection, transaction
@@ -38,6 +38,10 @@ from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketS
 from redpack.money import from_cents, minus, to_cents
 
 from .base import CloseResult, GrabResult, Outcome
+
+# A raw MySQL statement and its parameters, as the hot path runs it (`*_sql` below); the lab's
+# raw ceilings run the same ones from plain mysqlclient connections (redpack/lab/ceilings.py).
+Statement = tuple[str, list[Any]]
 
 
 @contextmanager
@@ -112,14 +116,7 @@ def read_for_grab(
             return activity, None
         return activity, held_cents(activity_id=activity_id, user_id=user_id)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
-            " a.version,"
-            f" (SELECT d.amount FROM {GrabDetail._meta.db_table} d"
-            "   WHERE d.activity_id = a.id AND d.user_id = %s)"
-            f" FROM {Activity._meta.db_table} a WHERE a.id = %s" + (" FOR UPDATE" if lock else ""),
-            [user_id, activity_id],
-        )
+        cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=lock))
         row = cursor.fetchone()
     if row is None:
         raise Activity.DoesNotExist(f"activity {activity_id} does not exist")
@@ -180,6 +177,18 @@ def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
         ) from exc
 
 
+def read_for_grab_sql(*, activity_id: int, user_id: int | None, lock: bool) -> Statement:
+    """`read_for_grab`'s statement on MySQL."""
+    return (
+        "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
+        " a.version,"
+        f" (SELECT d.amount FROM {GrabDetail._meta.db_table} d"
+        "   WHERE d.activity_id = a.id AND d.user_id = %s)"
+        f" FROM {Activity._meta.db_table} a WHERE a.id = %s" + (" FOR UPDATE" if lock else ""),
+        [user_id, activity_id],
+    )
+
+
 def after_duplicate(*, activity_id: int, user_id: int, error: IntegrityError) -> GrabResult:
     """The answer once inserting this user's grab row hit a constraint (its transaction rolled
     back): UNIQUE (activity, user) refused a second row, so the first one's amount; or the user
@@ -225,17 +234,8 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
     the activity row was locked). On MySQL one raw multi-row INSERT (no model objects on the
     hot path); elsewhere bulk_create."""
     if connection.vendor == "mysql":
-        now = connection.ops.adapt_datetimefield_value(timezone.now())
-        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
-        params: list[int | Decimal | str | None] = []
-        for row in rows:
-            params += [activity_id, row.user_id, from_cents(row.cents), row.packet_id, now]
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {GrabDetail._meta.db_table}"
-                f" (activity_id, user_id, amount, redpack_id, created_at) VALUES {values}",
-                params,
-            )
+            cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows))
         return
     GrabDetail.objects.bulk_create(
         [
@@ -247,6 +247,20 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
             )
             for row in rows
         ]
+    )
+
+
+def insert_grab_rows_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
+    """`insert_grab_rows`'s statement on MySQL."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+    params: list[Any] = []
+    for row in rows:
+        params += [activity_id, row.user_id, from_cents(row.cents), row.packet_id, now]
+    return (
+        f"INSERT INTO {GrabDetail._meta.db_table}"
+        f" (activity_id, user_id, amount, redpack_id, created_at) VALUES {values}",
+        params,
     )
 
 
@@ -267,51 +281,79 @@ def take_from_surplus(
     Django cannot hint an index, hence the raw statement. Elsewhere (the SQLite fallback) the
     ORM runs it, with money.minus keeping the DECIMAL exact.
     """
-    now = timezone.now()
     if connection.vendor != "mysql":
         surplus = Activity.objects.filter(pk=activity_id)
         if version is not None:
             surplus = surplus.filter(version=version)
         if open_only:
-            surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=now)
+            surplus = surplus.filter(status=ActivityStatus.OPEN, expires_at__gt=timezone.now())
         return surplus.update(
             surplus_count=F("surplus_count") - count,
             surplus_amount=minus("surplus_amount", cents),
             version=F("version") + 1,
         )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            *take_from_surplus_sql(
+                activity_id=activity_id,
+                count=count,
+                cents=cents,
+                version=version,
+                open_only=open_only,
+            )
+        )
+        return cursor.rowcount
+
+
+def take_from_surplus_sql(
+    *, activity_id: int, count: int, cents: int, version: int | None, open_only: bool
+) -> Statement:
+    """`take_from_surplus`'s statement on MySQL."""
     conditions = ["id = %s"]
-    params: list[Decimal | int | str | None] = [count, from_cents(cents), activity_id]
+    params: list[Any] = [count, from_cents(cents), activity_id]
     if version is not None:
         conditions.append("version = %s")
         params.append(version)
     if open_only:
         conditions.append("status = %s AND expires_at > %s")
-        params += [ActivityStatus.OPEN.value, connection.ops.adapt_datetimefield_value(now)]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Activity._meta.db_table} FORCE INDEX (PRIMARY)"
-            " SET surplus_count = surplus_count - %s, surplus_amount = surplus_amount - %s,"
-            f" version = version + 1 WHERE {' AND '.join(conditions)}",
-            params,
-        )
-        return cursor.rowcount
+        params += [
+            ActivityStatus.OPEN.value,
+            connection.ops.adapt_datetimefield_value(timezone.now()),
+        ]
+    return (
+        f"UPDATE {Activity._meta.db_table} FORCE INDEX (PRIMARY)"
+        " SET surplus_count = surplus_count - %s, surplus_amount = surplus_amount - %s,"
+        f" version = version + 1 WHERE {' AND '.join(conditions)}",
+        params,
+    )
 
 
-def claim_packet(
-    *, packet_id: int, user_id: int, version: int | None = None, cents: int | None = None
-) -> bool:
+def claim_packet(*, packet_id: int, user_id: int, version: int | None = None) -> bool:
     """Mark a pre-split packet taken if it is still available (and, when given, still at
-    `version` since it was read, and worth `cents`).
+    `version` since it was read). On MySQL one raw UPDATE; elsewhere the ORM's.
 
     Call it only while holding the activity row exclusively (see the module docstring).
     """
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
+            return cursor.rowcount == 1
     packet = Packet.objects.filter(pk=packet_id, status=PacketStatus.AVAILABLE)
     if version is not None:
         packet = packet.filter(version=version)
-    if cents is not None:
-        packet = packet.filter(amount=from_cents(cents))
     return bool(
         packet.update(status=PacketStatus.TAKEN, grabbed_by_id=user_id, version=F("version") + 1)
+    )
+
+
+def claim_packet_sql(*, packet_id: int, user_id: int, version: int | None) -> Statement:
+    """`claim_packet`'s statement on MySQL."""
+    conditions = "id = %s AND status = %s" + ("" if version is None else " AND version = %s")
+    params = [PacketStatus.TAKEN.value, user_id, packet_id, PacketStatus.AVAILABLE.value]
+    return (
+        f"UPDATE {Packet._meta.db_table} SET status = %s, grabbed_by_id = %s,"
+        f" version = version + 1 WHERE {conditions}",
+        params if version is None else [*params, version],
     )
 
 
