@@ -366,23 +366,8 @@ def claim_packets(rows: list[GrabRow]) -> bool:
     MySQL one raw statement (two CASEs over the ids); elsewhere the ORM's equivalent.
     """
     if connection.vendor == "mysql":
-        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
-        ids = ", ".join(["%s"] * len(rows))
-        users = [value for row in rows for value in (row.packet_id, row.user_id)]
-        amounts = [value for row in rows for value in (row.packet_id, from_cents(row.cents))]
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {Packet._meta.db_table} SET status = %s,"
-                f" grabbed_by_id = CASE id {cases} END, version = version + 1"
-                f" WHERE id IN ({ids}) AND status = %s AND amount = CASE id {cases} END",
-                [
-                    PacketStatus.TAKEN.value,
-                    *users,
-                    *(row.packet_id for row in rows),
-                    PacketStatus.AVAILABLE.value,
-                    *amounts,
-                ],
-            )
+            cursor.execute(*claim_packets_sql(rows))
             return cursor.rowcount == len(rows)
     matching = Q()
     for row in rows:
@@ -393,6 +378,26 @@ def claim_packets(rows: list[GrabRow]) -> bool:
         version=F("version") + 1,
     )
     return updated == len(rows)
+
+
+def claim_packets_sql(rows: list[GrabRow]) -> Statement:
+    """`claim_packets`'s statement on MySQL."""
+    cases = " ".join(["WHEN %s THEN %s"] * len(rows))
+    ids = ", ".join(["%s"] * len(rows))
+    users = [value for row in rows for value in (row.packet_id, row.user_id)]
+    amounts = [value for row in rows for value in (row.packet_id, from_cents(row.cents))]
+    return (
+        f"UPDATE {Packet._meta.db_table} SET status = %s,"
+        f" grabbed_by_id = CASE id {cases} END, version = version + 1"
+        f" WHERE id IN ({ids}) AND status = %s AND amount = CASE id {cases} END",
+        [
+            PacketStatus.TAKEN.value,
+            *users,
+            *(row.packet_id for row in rows),
+            PacketStatus.AVAILABLE.value,
+            *amounts,
+        ],
+    )
 
 
 def close_row_locked(*, activity_id: int) -> CloseResult:

@@ -50,6 +50,7 @@ class CompareConfig:
     web_seconds: int = 10
     ceiling_requests: int = 100_000  # redis-benchmark EVALSHA calls
     ceiling_queries: int = 20_000  # hot-row UPDATEs
+    seed_ceiling_grabs: int = 4_000  # grabs of each seed's raw same-SQL ceiling
     web_workers: int = 2
     web_threads: int = 8
     port: int = 8765
@@ -80,13 +81,13 @@ def storage_bound(rows: list[dict[str, Any]]) -> str:
 
 # The ceiling each batched strategy is held to (docs/benchmarks.md): group commit's work is
 # bounded by the hot row's hand-off; the batched Redis strategies that write MySQL inside the
-# request by the same SQL run raw, 32 grabs per transaction. Others: their own Redis script
-# when MySQL is off their path, else the raw one-grab transaction (the seeds' shape).
+# request by the same SQL run raw, 32 grabs per transaction. The seeds with statements of their
+# own (ceilings.SEED_SHAPES) by those statements run raw. Others: their own Redis script when
+# MySQL is off their path, else the raw one-grab transaction (pessimistic's statements).
 BOUND_BY = {
     "group_commit": "mysql",
     "redis_queue": "mysql_raw_batched",
     "redis_counter": "mysql_raw_batched",
-    "redis_queue_single": "mysql_raw",  # a MySQL transaction per winner, as the seeds
 }
 NO_CEILING_RUNS = {"bench lone"}  # one grab at a time: a latency, not a rate to hold to a ceiling
 
@@ -106,6 +107,8 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
         bench_rows = [r for r in rows if r["run"].startswith("bench")]
         if name in BOUND_BY:
             storage = measured(BOUND_BY[name])
+        elif name in ceiling_runs.SEED_SHAPES:
+            storage = measured("mysql_raw_seed", name) or measured("mysql_raw")
         elif storage_bound(bench_rows or rows) == "redis":
             storage = measured("redis", name) or measured("redis")
         else:
@@ -213,6 +216,14 @@ class Compare:
                     concurrency=RAW_CONCURRENCY,
                 )
             )
+        for name in self.names:
+            if name in ceiling_runs.SEED_SHAPES:
+                self.log(f"ceiling: MySQL raw {name} statements")
+                found.append(
+                    ceiling_runs.mysql_raw_seed(
+                        name, grabs=c.seed_ceiling_grabs, concurrency=RAW_CONCURRENCY
+                    )
+                )
         self.log("ceiling: Redis representative grab script")
         found.append(
             ceiling_runs.redis_representative(

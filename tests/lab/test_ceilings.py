@@ -1,7 +1,10 @@
 """Ceilings belong to the lab: the Redis strategies' own scripts are named here, and each one
 takes the KEYS its strategy gives it."""
 
-from redpack.lab.ceilings import STRATEGIES_LUA, STRATEGY_SCRIPTS
+import pytest
+
+from redpack.lab.ceilings import SEED_SHAPES, STRATEGIES_LUA, STRATEGY_SCRIPTS, mysql_raw_seed
+from redpack.models import Activity, GrabDetail, Packet
 from strategies import registry
 from strategies.redis_state import RedisStateStrategy
 
@@ -19,3 +22,17 @@ def test_each_script_exists_and_gets_its_strategys_keys():
         keys = rest[: int(key_count)]
         expected = registry.get(name).state_keys(12345)  # type: ignore[attr-defined]
         assert [k.replace("$activity", "12345") for k in keys] == expected
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", sorted(SEED_SHAPES))
+def test_a_seeds_raw_statements_grab_every_packet_once_and_leave_nothing(name):
+    ceiling = mysql_raw_seed(name, grabs=48, concurrency=4)
+
+    assert ceiling.requests_per_s and ceiling.requests_per_s > 0, ceiling.note
+    assert ceiling.strategy == name and ceiling.kind == "mysql_raw_seed"
+    assert "48 grabs" in ceiling.note
+    # Every grab is a real one (a thread that failed would raise, not be counted), and the
+    # ceiling's activity, packets and rows are removed afterwards.
+    assert not Activity.objects.exists()
+    assert not Packet.objects.exists() and not GrabDetail.objects.exists()

@@ -57,6 +57,13 @@ CEILINGS = [
         "tool": "mysqlclient threads -c 16",
         "requests_per_s": 10000.0,
     },
+    {
+        "name": "MySQL: raw preallocated statements, 1 grab each",
+        "kind": "mysql_raw_seed",
+        "tool": "mysqlclient threads -c 16",
+        "requests_per_s": 800.0,
+        "strategy": "preallocated",
+    },
 ]
 
 
@@ -75,6 +82,8 @@ def results() -> list[dict]:
         row("redis_queue_async", "HTTP throughput", 1500.0, mysql_queries_per_request=0.1),
         row("group_commit", "bench throughput", 4000.0),
         row("redis_counter", "bench throughput", 6000.0, mysql_queries_per_request_own=0.2),
+        row("preallocated", "bench throughput", 600.0, mysql_queries_per_request_own=8.0),
+        row("optimistic", "bench throughput", 500.0),
         row("unsafe", "bench hot", 3000.0, safe=False, oversold=42, audit_ok=False),
     ]
     assign_ceilings(rows, CEILINGS)
@@ -96,6 +105,10 @@ def test_each_run_gets_the_ceiling_that_bounds_it():
     assert rows["group_commit", "bench throughput"]["ceiling"] == "MySQL: hot-row UPDATE"
     assert rows["group_commit", "bench throughput"]["ceiling_ratio"] == 0.8
     assert rows["redis_counter", "bench throughput"]["ceiling_ratio"] == 0.6
+    # A seed with statements of its own: those statements, run raw; the others: pessimistic's.
+    assert rows["preallocated", "bench throughput"]["ceiling"].startswith("MySQL: raw prealloc")
+    assert rows["preallocated", "bench throughput"]["ceiling_ratio"] == 0.75
+    assert rows["optimistic", "bench throughput"]["ceiling"].startswith("MySQL: raw grab transa")
     assert storage_bound([{"mysql_queries_per_request_own": 0.02}]) == "redis"
     assert storage_bound([{"mysql_queries_per_request_own": 5}]) == "mysql"
 
