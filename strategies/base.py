@@ -14,6 +14,9 @@ looks at a strategy's class:
 - retry_failed_write(failure_id=): the admin's retry of a grab that failed to reach MySQL.
 - rebuild(activity_id=): rewrite state kept outside MySQL from MySQL (`rebuildable`).
 - audit(activity): strategy-specific invariant checks (e.g. Redis agrees with MySQL).
+- raw_grab(cursor, activity_id=, user_id=): the grab's own statements on a plain DB-API
+  cursor (mysqlclient, autocommit), without Django: the lab's raw same-SQL ceiling
+  (redpack/lab/ceilings.py). None for a strategy that has no such measure.
 """
 
 from collections.abc import Callable, Mapping
@@ -82,6 +85,8 @@ class GrabStrategy:
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
     # Keeps state outside MySQL (Redis) that rebuild() can rewrite from MySQL.
     rebuildable: ClassVar[bool] = False
+    # Optional: raw_grab(cursor, *, activity_id, user_id) -> None (see the module docstring).
+    raw_grab: Callable[..., None] | None = None
 
     def prepare(self, activity: "Activity") -> None:
         raise NotImplementedError("subclasses of GrabStrategy must provide a prepare() method")

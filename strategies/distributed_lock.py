@@ -18,6 +18,7 @@ turned away with `contended` while packets remain.
 """
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -31,11 +32,14 @@ from redpack.money import to_cents
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .steps import (
+    GrabRow,
     after_duplicate,
     close_row_locked,
     grab_transaction,
     read_for_grab,
+    read_for_grab_sql,
     record_grab,
+    record_grab_raw,
     refusal,
 )
 
@@ -116,6 +120,23 @@ class DistributedLockStrategy(GrabStrategy):
         finally:
             if locked:
                 _release(lock)
+
+    def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
+        """grab()'s statements on a plain cursor, inside the same redis-py Lock (waiting up to
+        the lock's timeout rather than answering `contended`: every call is a grab)."""
+        cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
+        lock = activity_lock(activity_id, wait=settings.REDPACK_LOCK_TIMEOUT)
+        if not lock.acquire():
+            raise RuntimeError(f"lock {lock.name} not acquired")
+        try:
+            cursor.execute("START TRANSACTION")
+            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
+            version = cursor.fetchone()[5]
+            row = GrabRow(user_id, 100)
+            record_grab_raw(cursor, activity_id=activity_id, row=row, version=version)
+            cursor.execute("COMMIT")
+        finally:
+            lock.release()
 
 
 def _release(lock: Lock) -> None:

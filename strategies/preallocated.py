@@ -22,6 +22,7 @@ activity row still serialises the short claim transaction of every grab.
 import random
 from decimal import Decimal
 from functools import lru_cache
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -33,13 +34,17 @@ from redpack.money import to_cents
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .retry import attempts
 from .steps import (
+    GrabRow,
     Statement,
     after_duplicate,
     claim_packet,
+    claim_packet_sql,
     close_row_locked,
     grab_transaction,
     read_for_grab,
+    read_for_grab_sql,
     record_grab,
+    record_grab_raw,
     refusal,
     split_into_packets,
 )
@@ -83,6 +88,26 @@ class PreallocatedStrategy(GrabStrategy):
     def close(self, *, activity_id: int) -> CloseResult:
         with transaction.atomic():
             return close_row_locked(activity_id=activity_id)
+
+    def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
+        """grab()'s statements on a plain cursor: the plain read, a pick, the claim
+        transaction (a lost claim picks again)."""
+        cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
+        span = packet_id_span(activity_id)
+        assert span is not None
+        while True:
+            pivot = random.randint(*span)
+            cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=1))
+            packet_id, version, amount = cursor.fetchone()
+            cursor.execute("START TRANSACTION")
+            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
+            cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
+            if cursor.rowcount == 1:
+                break
+            cursor.execute("COMMIT")  # lost the race: nothing written, pick again
+        row = GrabRow(user_id, to_cents(amount), packet_id)
+        record_grab_raw(cursor, activity_id=activity_id, row=row)
+        cursor.execute("COMMIT")
 
 
 def random_available(activity_id: int, size: int) -> list[tuple[int, int, Decimal]]:

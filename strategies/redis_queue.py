@@ -19,10 +19,14 @@ trips: one EVALSHA and at most one MySQL transaction per batch; losers never tou
 `redis_queue_single` is the seeds' form: the same script and write, one grab per round trip.
 """
 
+from typing import Any
+
 from redpack.models import Activity
 
+from .lua import script
 from .redis_state import RedisStateStrategy
-from .steps import split_into_packets
+from .redis_state.keys import Keys, new_attempt, now_ms, parse_mark
+from .steps import GrabRow, claim_packets_sql, record_grab_raw, split_into_packets
 
 
 class RedisQueueStrategy(RedisStateStrategy):
@@ -46,3 +50,16 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         "the winners' writes serialize on the activity row."
     )
     batched = False
+
+    def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
+        """grab()'s work on a plain cursor: one grab script run for one user (redis-py,
+        EVALSHA), then its row written in one transaction (rows.write_grab's statements)."""
+        reply = script("grab")(
+            keys=Keys(activity_id).ordered(), args=[now_ms(), "pop", 0, user_id, new_attempt()]
+        )
+        cents, packet_id = parse_mark(reply[2].decode())
+        row = GrabRow(user_id, cents, packet_id)
+        cursor.execute("START TRANSACTION")
+        record_grab_raw(cursor, activity_id=activity_id, row=row)
+        cursor.execute(*claim_packets_sql([row]))
+        cursor.execute("COMMIT")

@@ -264,6 +264,23 @@ def insert_grab_rows_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
     )
 
 
+def record_grab_raw(
+    cursor: Any,
+    *,
+    activity_id: int,
+    row: GrabRow,
+    version: int | None = None,
+    open_only: bool = False,
+) -> None:
+    """`record_grab`'s two statements on a plain DB-API cursor (a strategy's raw_grab)."""
+    cursor.execute(
+        *take_from_surplus_sql(
+            activity_id=activity_id, count=1, cents=row.cents, version=version, open_only=open_only
+        )
+    )
+    cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=[row]))
+
+
 def take_from_surplus(
     *,
     activity_id: int,

@@ -7,14 +7,13 @@
   strategy that writes the activity row per grab.
 - MySQL, raw: a grab's own statements from plain mysqlclient threads on the project's tables,
   one grab per transaction (the seeds' row-lock shape) or 32 (group commit's); and each seed's
-  own sequence (`SEED_SHAPES`), built by the same `*_sql` functions the strategy runs.
+  own statements (GrabStrategy.raw_grab, built by the same `*_sql` functions its grab runs).
 - Web: GET /api/ping/ through gunicorn (run by compare with Locust, see locustfiles/ping.py).
 """
 
 import csv
 import io
 import os
-import random
 import re
 import shutil
 import threading
@@ -32,12 +31,7 @@ from django_redis import get_redis_connection
 
 from redpack import services
 from redpack.models import Activity, GrabDetail, Packet
-from strategies import registry, steps
-from strategies.distributed_lock import activity_lock
-from strategies.lua import script
-from strategies.preallocated import packet_id_span, random_available_sql
-from strategies.preallocated_skip_locked import WINDOW, lock_first_free_sql
-from strategies.redis_state.keys import Keys, new_attempt, now_ms, parse_mark
+from strategies import registry
 
 from . import processes
 from .users import bench_sender, bench_users_ensure
@@ -361,8 +355,8 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
             strategy="pessimistic",
             expires_in=3600,
         )
-    details = GrabDetail._meta.db_table
-    connections = [_connect(db, db["NAME"], autocommit=True) for _ in range(concurrency)]
+    activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
+    connections = [_connect(db, db["NAME"], autocommit=False) for _ in range(concurrency)]
 
     def grab_loop(index: int, conn: MySQLdb.Connection, start: threading.Barrier) -> None:
         own = conn.cursor()
@@ -371,29 +365,27 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
         for t in range(transactions):
             first = (index * transactions + t) * per_transaction
             users = user_ids[first : first + per_transaction]
-            own.execute("START TRANSACTION")
-            # One grab: the user's grab read with the row lock (pessimistic's statement); a
-            # batch: the row, then its users' grabs in one IN (group commit's).
-            one = users[0] if per_transaction == 1 else None
-            own.execute(*steps.read_for_grab_sql(activity_id=activity.pk, user_id=one, lock=True))
-            if per_transaction > 1:
-                own.execute(
-                    f"SELECT user_id, amount FROM {details}"
-                    f" WHERE activity_id = %s AND user_id IN ({marks})",
-                    (activity.pk, *users),
-                )
             own.execute(
-                *steps.take_from_surplus_sql(
-                    activity_id=activity.pk,
-                    count=per_transaction,
-                    cents=100 * per_transaction,
-                    version=None,
-                    open_only=False,
-                )
+                f"SELECT status, expires_at, surplus_count, surplus_amount FROM {activities}"
+                " WHERE id = %s FOR UPDATE",
+                (activity.pk,),
             )
-            rows = [steps.GrabRow(user, 100) for user in users]
-            own.execute(*steps.insert_grab_rows_sql(activity_id=activity.pk, rows=rows))
-            own.execute("COMMIT")
+            own.execute(
+                f"SELECT user_id, amount FROM {details}"
+                f" WHERE activity_id = %s AND user_id IN ({marks})",
+                (activity.pk, *users),
+            )
+            own.execute(
+                f"UPDATE {activities} SET surplus_count = surplus_count - %s,"
+                " surplus_amount = surplus_amount - %s, version = version + 1 WHERE id = %s",
+                (per_transaction, per_transaction, activity.pk),
+            )
+            own.executemany(  # mysqlclient sends one multi-row INSERT
+                f"INSERT INTO {details} (activity_id, user_id, amount, created_at)"
+                " VALUES (%s, %s, 1.00, NOW(6))",
+                [(activity.pk, user) for user in users],
+            )
+            conn.commit()
 
     try:
         seconds = _timed_threads(grab_loop, connections)
@@ -408,30 +400,26 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
     )
 
 
-# Each seed strategy's own statements, in its own order, from plain mysqlclient threads (and,
-# for distributed_lock, redis-py's Lock around them, as the strategy takes it): the raw
-# same-SQL ceiling it is held to. Value: the strategy whose `prepare` the activity needs.
 DEADLOCK = 1213  # ER_LOCK_DEADLOCK
-SEED_SHAPES = {
-    "preallocated": "preallocated",
-    "preallocated_skip_locked": "preallocated",
-    "distributed_lock": "pessimistic",
-    "redis_queue_single": "redis_queue_single",
-}
+
+
+def raw_strategies(names: list[str]) -> list[str]:
+    """The strategies among `names` with a raw same-SQL ceiling (GrabStrategy.raw_grab)."""
+    return [name for name in names if registry.get(name).raw_grab is not None]
 
 
 def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
-    """`name`'s grab statements (built by the same `*_sql` functions the strategy runs) from
-    plain mysqlclient threads, each of `concurrency` connections grabbing for its own users on
-    one activity of `grabs` packets, until every user grabbed once: what the strategy's SQL
-    costs without Django and the rest of this project's Python. Lost races (a packet claimed
-    since the pick) pick again, as the strategy does; the activity is removed afterwards."""
+    """`name`'s own statements (its raw_grab, built by the same `*_sql` functions its grab
+    runs) from plain mysqlclient threads, each of `concurrency` connections grabbing for its
+    own users on one activity of `grabs` packets the strategy prepared, until every user
+    grabbed once: what the strategy's SQL costs without Django and the rest of this project's
+    Python. A deadlock runs that grab again; the activity is removed afterwards."""
     db = settings.DATABASES["default"]
     title = f"MySQL: raw {name} statements, 1 grab each"
-    if db["ENGINE"] != "django.db.backends.mysql":
-        return Ceiling(
-            title, "mysql_raw_seed", "-", None, note="not a MySQL database", strategy=name
-        )
+    raw_grab = registry.get(name).raw_grab
+    if db["ENGINE"] != "django.db.backends.mysql" or raw_grab is None:
+        note = "not a MySQL database" if raw_grab else "no raw_grab"
+        return Ceiling(title, "mysql_raw_seed", "-", None, note=note, strategy=name)
     each = max(1, grabs // concurrency)
     total = each * concurrency
     user_ids, _ = bench_users_ensure(count=total)
@@ -440,17 +428,10 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
             sender_id=bench_sender().pk,
             total_amount=Decimal(total),
             total_count=total,
-            strategy=SEED_SHAPES[name],
+            strategy=name,
             expires_in=3600,
         )
-    grab = {
-        "preallocated": _raw_preallocated,
-        "preallocated_skip_locked": _raw_skip_locked,
-        "distributed_lock": _raw_distributed_lock,
-        "redis_queue_single": _raw_redis_queue_single,
-    }[name]
     connections = [_connect(db, db["NAME"], autocommit=True) for _ in range(concurrency)]
-
     deadlocks = []
 
     def grab_loop(index: int, conn: MySQLdb.Connection, start: threading.Barrier) -> None:
@@ -459,7 +440,7 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
         for user in user_ids[index * each : (index + 1) * each]:
             while True:
                 try:
-                    grab(own, activity.pk, user)
+                    raw_grab(own, activity_id=activity.pk, user_id=user)
                     break
                 except MySQLdb.OperationalError as exc:
                     if exc.args[0] != DEADLOCK:
@@ -480,93 +461,3 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
         + (f"; {len(deadlocks)} deadlocks, run again" if deadlocks else ""),
         strategy=name,
     )
-
-
-def _raw_preallocated(own: MySQLdb.cursors.Cursor, activity_id: int, user: int) -> None:
-    """preallocated.grab's statements: the plain read, a pick, the claim transaction."""
-    own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=user, lock=False))
-    span = packet_id_span(activity_id)
-    assert span is not None
-    while True:
-        pivot = random.randint(*span)
-        own.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=1))
-        packet_id, version, amount = own.fetchone()
-        own.execute("START TRANSACTION")
-        own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
-        own.execute(*steps.claim_packet_sql(packet_id=packet_id, user_id=user, version=version))
-        if own.rowcount == 1:
-            break
-        own.execute("COMMIT")  # lost the race: nothing written, pick again
-    _raw_record(own, activity_id, steps.GrabRow(user, round(amount * 100), packet_id))
-    own.execute("COMMIT")
-
-
-def _raw_skip_locked(own: MySQLdb.cursors.Cursor, activity_id: int, user: int) -> None:
-    """preallocated_skip_locked.grab's statements: the plain read, a window, one transaction
-    that locks a free packet of it (or, all held, any after the row lock)."""
-    own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=user, lock=False))
-    span = packet_id_span(activity_id)
-    assert span is not None
-    pivot = random.randint(*span)
-    own.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=WINDOW))
-    window = [row[0] for row in own.fetchall()]
-    own.execute("START TRANSACTION")
-    own.execute(*lock_first_free_sql(f"id IN ({', '.join(['%s'] * len(window))})", window))
-    packet = own.fetchone()
-    if packet is None:
-        own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
-        own.execute(*lock_first_free_sql("activity_id = %s", [activity_id]))
-        packet = own.fetchone()
-    packet_id, version, amount = packet
-    _raw_record(
-        own, activity_id, steps.GrabRow(user, round(amount * 100), packet_id), open_only=True
-    )
-    own.execute(*steps.claim_packet_sql(packet_id=packet_id, user_id=user, version=version))
-    own.execute("COMMIT")
-
-
-def _raw_distributed_lock(own: MySQLdb.cursors.Cursor, activity_id: int, user: int) -> None:
-    """distributed_lock.grab's statements inside the strategy's own redis-py Lock."""
-    own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=user, lock=False))
-    lock = activity_lock(activity_id, wait=settings.REDPACK_LOCK_TIMEOUT)
-    if not lock.acquire():
-        raise RuntimeError(f"raw distributed_lock ceiling: lock {lock.name} not acquired")
-    try:
-        own.execute("START TRANSACTION")
-        own.execute(*steps.read_for_grab_sql(activity_id=activity_id, user_id=user, lock=False))
-        version = own.fetchone()[5]
-        _raw_record(own, activity_id, steps.GrabRow(user, 100), version=version)
-        own.execute("COMMIT")
-    finally:
-        lock.release()
-
-
-def _raw_redis_queue_single(own: MySQLdb.cursors.Cursor, activity_id: int, user: int) -> None:
-    """redis_queue_single.grab's work: one grab script run for one user (redis-py, EVALSHA),
-    then its row written in one transaction (rows.write_grab's statements)."""
-    reply = script("grab")(
-        keys=Keys(activity_id).ordered(), args=[now_ms(), "pop", 0, user, new_attempt()]
-    )
-    cents, packet_id = parse_mark(reply[2].decode())
-    row = steps.GrabRow(user, cents, packet_id)
-    own.execute("START TRANSACTION")
-    _raw_record(own, activity_id, row)
-    own.execute(*steps.claim_packets_sql([row]))
-    own.execute("COMMIT")
-
-
-def _raw_record(
-    own: MySQLdb.cursors.Cursor,
-    activity_id: int,
-    row: steps.GrabRow,
-    *,
-    version: int | None = None,
-    open_only: bool = False,
-) -> None:
-    """steps.record_grab's two statements: the decrement, then the grab row."""
-    own.execute(
-        *steps.take_from_surplus_sql(
-            activity_id=activity_id, count=1, cents=row.cents, version=version, open_only=open_only
-        )
-    )
-    own.execute(*steps.insert_grab_rows_sql(activity_id=activity_id, rows=[row]))

@@ -82,7 +82,7 @@ def storage_bound(rows: list[dict[str, Any]]) -> str:
 # The ceiling each batched strategy is held to (docs/benchmarks.md): group commit's work is
 # bounded by the hot row's hand-off; the batched Redis strategies that write MySQL inside the
 # request by the same SQL run raw, 32 grabs per transaction. The seeds with statements of their
-# own (ceilings.SEED_SHAPES) by those statements run raw. Others: their own Redis script when
+# own (GrabStrategy.raw_grab) by those statements run raw. Others: their own Redis script when
 # MySQL is off their path, else the raw one-grab transaction (pessimistic's statements).
 BOUND_BY = {
     "group_commit": "mysql",
@@ -107,7 +107,7 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
         bench_rows = [r for r in rows if r["run"].startswith("bench")]
         if name in BOUND_BY:
             storage = measured(BOUND_BY[name])
-        elif name in ceiling_runs.SEED_SHAPES:
+        elif registry.get(name).raw_grab is not None:
             storage = measured("mysql_raw_seed", name) or measured("mysql_raw")
         elif storage_bound(bench_rows or rows) == "redis":
             storage = measured("redis", name) or measured("redis")
@@ -216,14 +216,13 @@ class Compare:
                     concurrency=RAW_CONCURRENCY,
                 )
             )
-        for name in self.names:
-            if name in ceiling_runs.SEED_SHAPES:
-                self.log(f"ceiling: MySQL raw {name} statements")
-                found.append(
-                    ceiling_runs.mysql_raw_seed(
-                        name, grabs=c.seed_ceiling_grabs, concurrency=RAW_CONCURRENCY
-                    )
+        for name in ceiling_runs.raw_strategies(self.names):
+            self.log(f"ceiling: MySQL raw {name} statements")
+            found.append(
+                ceiling_runs.mysql_raw_seed(
+                    name, grabs=c.seed_ceiling_grabs, concurrency=RAW_CONCURRENCY
                 )
+            )
         self.log("ceiling: Redis representative grab script")
         found.append(
             ceiling_runs.redis_representative(

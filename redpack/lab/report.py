@@ -137,8 +137,10 @@ How to read it:
   hot-row UPDATE rate; `redis_queue` and `redis_counter` (batched, MySQL written inside the
   request), the raw grab transaction with 32 grabs each; other strategies that stay off
   MySQL per grab (fewer than one MySQL statement per request), their own Redis script's
-  EVALSHA rate; the rest, the raw one-grab transaction (their SQL without this project's
-  Python). HTTP rows also cannot beat the web server's ping rate, so their ceiling is the
+  EVALSHA rate; the seeds with statements of their own (`distributed_lock`, `preallocated`,
+  `preallocated_skip_locked`, `redis_queue_single`), those statements run raw from plain
+  mysqlclient threads (GrabStrategy.raw_grab); the rest, the raw one-grab transaction
+  (pessimistic's SQL without this project's Python). HTTP rows also cannot beat the web server's ping rate, so their ceiling is the
   lower of the two.
 - **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
   time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
