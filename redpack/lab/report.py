@@ -140,8 +140,8 @@ How to read it:
   EVALSHA rate; the seeds with statements of their own (`distributed_lock`, `preallocated`,
   `preallocated_skip_locked`, `redis_queue_single`), those statements run raw from plain
   mysqlclient threads (GrabStrategy.raw_grab); the rest, the raw one-grab transaction
-  (pessimistic's SQL without this project's Python). HTTP rows also cannot beat the web server's ping rate, so their ceiling is the
-  lower of the two.
+  (pessimistic's SQL without this project's Python). HTTP rows also cannot beat the web
+  server's ping rate, so their ceiling is the lower of the two.
 - **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
   time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
   the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting,
