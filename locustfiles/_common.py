@@ -16,6 +16,8 @@ import csv
 import json
 import logging
 import os
+import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -86,12 +88,14 @@ class Lab:
     created: list[int] = field(default_factory=list)  # activities sent during the run
     answers: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     outcomes: Counter[str] = field(default_factory=Counter)
+    causes: Counter[str] = field(default_factory=Counter)  # every grab request, by cause
     failures: int = 0
     in_flight: int = 0  # at the end: grabs cut off by the stop, answered to nobody
     first_start: float | None = None
     last_end: float | None = None
     finished_users: int = 0
     summaries: dict[str, dict[str, Any]] = field(default_factory=dict)  # by worker (master)
+    cpu_at_start: float = 0.0  # this process's CPU seconds when the test started
     workers_done: int = 0
     finishing: bool = False
     waited_for_persistence: bool = False
@@ -117,10 +121,12 @@ class Lab:
             "answers": {str(k): v for k, v in self.answers.items()},
             "created": self.created,
             "outcomes": dict(self.outcomes),
+            "causes": dict(self.causes),
             "failures": self.failures,
             "interrupted": self.in_flight,
             "first_start": self.first_start,
             "last_end": self.last_end,
+            "generator_cpu_seconds": round(cpu_seconds() - self.cpu_at_start, 3),
         }
 
 
@@ -222,8 +228,15 @@ def register(scenario: Scenario) -> None:
             lab.audited.wait(timeout=900)
 
 
+def cpu_seconds() -> float:
+    """This Locust process's own CPU time (user + system): the load generator's cost."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _start(environment: Environment, scenario: Scenario) -> None:
     lab.reset()
+    lab.cpu_at_start = cpu_seconds()
     options = environment.parsed_options
     runner = environment.runner
     identities = load_identities(options.users_csv)
@@ -272,7 +285,8 @@ def _send_activity(environment: Environment, sender: Identity) -> int:
 
 
 def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
-    """One grab click; returns the outcome, or None when the request failed."""
+    """One grab click; returns the outcome, or None when the request failed. Every request
+    is counted under its cause (CAUSES), answered or not."""
     began = time.time()
     lab.first_start = began if lab.first_start is None else min(lab.first_start, began)
     outcome = None
@@ -284,7 +298,7 @@ def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
         catch_response=True,
     ) as response:
         body: dict[str, Any] = {}
-        if response.status_code in (200, 409):
+        if response.status_code in (200, 409, 429, 503):
             try:
                 body = response.json()
             except ValueError:
@@ -296,6 +310,7 @@ def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
             response.success()
         else:
             response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
+        lab.causes[cause_of(response.status_code, body, response.error)] += 1
     lab.in_flight -= 1
     lab.last_end = time.time()
     if outcome is None:
@@ -305,6 +320,50 @@ def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
     if outcome == "grabbed":
         lab.answers.setdefault(activity_id, []).append((identity.user_id, to_cents(body["amount"])))
     return outcome
+
+
+# Why a request ended as it did. The first five are the contract's answers (`shed` is a
+# `contended` the server gave at once, its line full); the others got no answer of the contract.
+CAUSES = (
+    "grabbed",
+    "already_grabbed",
+    "sold_out",
+    "closed",
+    "contended",
+    "shed",
+    "throttled",
+    "outcome_unknown",
+    "5xx",
+    "other_http",
+    "client_timeout",
+    "connection_error",
+)
+UNANSWERED = ("client_timeout", "connection_error")  # no HTTP answer reached the client
+GENERATOR_BOUND = 0.9  # share of its cores above which the load generator is the limit
+
+
+def cause_of(status: int, body: dict[str, Any], error: BaseException | None) -> str:
+    answered = body.get("outcome")
+    if status in (200, 409) and answered in OUTCOMES:
+        return "shed" if body.get("reason") == "shed" else answered
+    if status == 429:
+        return "throttled"
+    error_body = body.get("error")
+    if (
+        status == 503
+        and isinstance(error_body, dict)
+        and error_body.get("code") == "outcome_unknown"
+    ):
+        return "outcome_unknown"
+    if status >= 500:
+        return "5xx"
+    if status:
+        return "other_http"
+    if isinstance(error, (TimeoutError, socket.timeout, gevent.Timeout)) or "timed out" in str(
+        error
+    ):
+        return "client_timeout"
+    return "connection_error"
 
 
 def user_finished(environment: Environment) -> None:
@@ -358,6 +417,12 @@ def _stop(environment: Environment, scenario: Scenario) -> None:
         summary["violations"] = ["the test stopped before an activity was sent"]
     elif scenario.name != "ping":
         _audit(environment, summary)
+        if summary["unexplained"]:
+            # A request with no answer and no reason recorded: the run cannot be trusted.
+            summary["violations"].append(
+                f"{summary['unexplained']} requests ended without a recorded cause"
+            )
+            summary["audit_ok"] = False
     path = getattr(environment.parsed_options, "summary_json", "")
     if path:
         Path(path).write_text(json.dumps(summary, indent=2))
@@ -371,10 +436,12 @@ def _stop(environment: Environment, scenario: Scenario) -> None:
 def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> dict[str, Any]:
     options = environment.parsed_options
     outcomes: Counter[str] = Counter()
+    causes: Counter[str] = Counter()
     answers: dict[str, list] = {}
     created: list[int] = []
     for part in parts:
         outcomes.update(part["outcomes"])
+        causes.update(part.get("causes", {}))
         for activity, told in part["answers"].items():
             answers.setdefault(activity, []).extend(told)
         created.extend(part["created"])
@@ -383,6 +450,10 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
     starts = [p["first_start"] for p in parts if p["first_start"] is not None]
     ends = [p["last_end"] for p in parts if p["last_end"] is not None]
     seconds = max(ends) - min(starts) if starts else 0.0
+    # Each Locust process runs on one core at most (gevent, one thread): a generator near a
+    # full core per process may be what limits the run, not the server.
+    generator_cpu = sum(p.get("generator_cpu_seconds", 0.0) for p in parts)
+    generator_share = round(generator_cpu / (seconds * len(parts)), 3) if seconds else None
     latency = _grab_latency(environment, "ping" if scenario.name == "ping" else "grab")
     requests_total = latency.num_requests
     answered = sum(outcomes.values())
@@ -399,6 +470,14 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         "outcomes": dict(sorted(outcomes.items())),
         "failures": failures if scenario.name != "ping" else latency.num_failures,
         "interrupted": interrupted,
+        # Every request by cause; `unanswered`: no HTTP answer reached the client (timeout,
+        # connection error, cut off by the stop); `unexplained`: requests Locust counted
+        # without a cause of ours (must be 0, else the run is marked failed).
+        "causes": {c: causes[c] for c in CAUSES if causes[c]},
+        "unanswered": sum(causes[c] for c in UNANSWERED) + interrupted,
+        "unexplained": (
+            max(0, requests_total - sum(causes.values())) if scenario.name != "ping" else 0
+        ),
         "grabbed": grabbed,
         "contended": contended,
         "seconds": round(seconds, 3),
@@ -411,6 +490,13 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         "p50_ms": _percentile(latency, 0.50),
         "p95_ms": _percentile(latency, 0.95),
         "p99_ms": _percentile(latency, 0.99),
+        "max_ms": latency.max_response_time if latency.num_requests else None,
+        "generator_processes": len(parts),
+        "generator_cpu_seconds": round(generator_cpu, 3),
+        "generator_cpu_share": generator_share,
+        "generator_bound": generator_share is not None and generator_share >= GENERATOR_BOUND,
+        "within_1s": within(latency, 1000),
+        "latency_histogram": histogram(latency),
         "answers": answers,
     }
 
@@ -423,6 +509,27 @@ def _grab_latency(environment: Environment, prefix: str) -> StatsEntry:
         if entry.name == prefix or entry.name.startswith(f"{prefix}: "):
             merged.extend(entry)
     return merged
+
+
+# Upper bounds (ms) of the latency histogram's buckets; the last one is open.
+HISTOGRAM_MS = (10, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 30000)
+
+
+def histogram(entry: StatsEntry) -> dict[str, int]:
+    """Requests per latency bucket, "≤10 ms" … "≤30000 ms", "> 30000 ms" (empty ones left out)."""
+    counts: Counter[str] = Counter()
+    for ms, count in entry.response_times.items():
+        bound = next((b for b in HISTOGRAM_MS if ms <= b), None)
+        counts[f"≤{bound} ms" if bound else f"> {HISTOGRAM_MS[-1]} ms"] += count
+    order = [f"≤{b} ms" for b in HISTOGRAM_MS] + [f"> {HISTOGRAM_MS[-1]} ms"]
+    return {label: counts[label] for label in order if counts[label]}
+
+
+def within(entry: StatsEntry, ms: int) -> float | None:
+    """Share of the requests answered within `ms` (failures count, at the time they failed)."""
+    if not entry.num_requests:
+        return None
+    return round(sum(c for t, c in entry.response_times.items() if t <= ms) / entry.num_requests, 4)
 
 
 def _percentile(entry: StatsEntry, q: float) -> float | None:

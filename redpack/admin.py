@@ -1,4 +1,5 @@
 import json
+from typing import Any
 
 from django import forms
 from django.conf import settings
@@ -12,6 +13,7 @@ from strategies import registry
 from . import expiry, selectors, services, validation
 from .allocation import Allocation
 from .errors import RedpackError
+from .lab import report as lab_report
 from .models import (
     UNRESOLVED_FAILURES,
     Activity,
@@ -204,6 +206,7 @@ class ActivityAdmin(admin.ModelAdmin):
             "context": data.get("context", {}),
             "ceilings": data.get("ceilings", []),
             "results": data.get("results", []),
+            **http_runs(data.get("results", [])),
         }
         return TemplateResponse(request, "admin/redpack/report.html", context)
 
@@ -308,3 +311,24 @@ class PersistFailureAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's HTTP runs as the admin page shows them: percentages, and each run's
+    latency histogram laid out on the buckets any run has (redpack/lab/report.py's order)."""
+    runs = [dict(r) for r in results if str(r.get("run", "")).startswith("HTTP")]
+    buckets = sorted(
+        dict.fromkeys(b for r in runs for b in (r.get("latency_histogram") or {})),
+        key=lab_report.bucket_order,
+    )
+    for run in runs:
+        counts = run.get("latency_histogram") or {}
+        run["histogram_cells"] = [counts.get(b) for b in buckets]
+        run["causes"] = run.get("causes") or {}
+        for key, shown in (
+            ("within_1s", "within_1s_percent"),
+            ("generator_cpu_share", "generator_cpu_percent"),
+        ):
+            value = run.get(key)
+            run[shown] = "–" if value is None else f"{100 * value:.1f}%"
+    return {"http_runs": runs, "buckets": buckets}

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from django_redis import get_redis_connection
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
@@ -35,27 +36,50 @@ class Rate:
         return cls(int(count), PERIODS[period.strip()[:1]])
 
 
+@dataclass(frozen=True)
+class Window:
+    """The current window of one (scope, who, rate): its Redis key and when it ends."""
+
+    key: str
+    rate: Rate
+    ends_at: float
+
+    def wait(self, count: int, now: float) -> float | None:
+        """None when `count` requests fit the window, else the seconds until it ends."""
+        if count <= self.rate.limit:
+            return None
+        return max(1.0, math.ceil(self.ends_at - now))
+
+
+def window(scope: str, who: str, rate: Rate, now: float) -> Window:
+    index = int(now // rate.seconds)
+    return Window(f"rp:rate:{scope}:{who}:{index}", rate, (index + 1) * rate.seconds)
+
+
+def count(pipe: Pipeline, current: Window) -> None:
+    """Queue one request's count on a MULTI pipeline: its first result is the count so far
+    (two results in all)."""
+    pipe.incr(current.key)
+    pipe.expire(current.key, current.rate.seconds + 1, nx=True)
+
+
+def count_locally(current: Window, now: float, error: RedisError) -> int:
+    """The count when Redis did not answer: this process's own (logged once a minute)."""
+    _local.warn(error)
+    return _local.count(current.key, current.ends_at + 1, now)
+
+
 def hit(scope: str, who: str, rate: Rate) -> float | None:
     """Count one request; None when allowed, else the seconds until the window ends."""
     now = clock()
-    window = int(now // rate.seconds)
-    key = f"rp:rate:{scope}:{who}:{window}"
+    current = window(scope, who, rate, now)
     try:
-        count = _count_in_redis(key, rate.seconds)
+        pipe = get_redis_connection("default").pipeline(transaction=True)
+        count(pipe, current)
+        so_far = int(pipe.execute()[0])
     except RedisError as exc:
-        count = _local.count(key, now + rate.seconds, now)
-        _local.warn(exc)
-    if count <= rate.limit:
-        return None
-    return max(1.0, math.ceil((window + 1) * rate.seconds - now))
-
-
-def _count_in_redis(key: str, seconds: int) -> int:
-    pipe = get_redis_connection("default").pipeline(transaction=True)
-    pipe.incr(key)
-    pipe.expire(key, seconds + 1, nx=True)
-    count, _ = pipe.execute()
-    return int(count)
+        so_far = count_locally(current, now, exc)
+    return current.wait(so_far, now)
 
 
 class _LocalCounters:

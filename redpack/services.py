@@ -11,7 +11,7 @@ from django.utils import timezone
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 
-from . import allocation, expiry, selectors, validation
+from . import allocation, expiry, finished, selectors, shedding, validation
 from .errors import NotFound, RedpackError
 from .models import Activity
 from .money import from_cents
@@ -64,28 +64,40 @@ def activity_send(
     return activity
 
 
-def activity_grab(*, activity_id: int, user_id: int) -> GrabResult:
-    """One grab by one user, answered by the activity's strategy."""
+def activity_grab(
+    *, activity_id: int, user_id: int, finished_hint: str | bytes | None = None
+) -> GrabResult:
+    """One grab by one user: answered at once when the activity is known to be finished
+    (finished.py; `finished_hint` is what the request's gate read of it in Redis), refused
+    `contended` when the activity's line in this process is full (shedding.py), else answered
+    by the activity's strategy."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
+    known = finished.answer(activity_id, user_id, finished_hint)
+    if known is not None:
+        return known
     strategy = registry.get(selectors.activity_strategy(activity_id))
     ids = {"activity": activity_id, "user": user_id}
-    try:
-        result = strategy.grab(activity_id=activity_id, user_id=user_id)
-    except RedpackError:
-        raise  # an expected failure, answered with its own code
-    except Exception as exc:
-        if isinstance(exc, DatabaseError) and is_lock_timeout(exc):
-            # The strategy's transaction was rolled back (and its Redis state given back), so
-            # nothing was granted: the honest answer is "try again", not a server error.
-            logger.warning(
-                "grab lock timeout", extra={"event": "lock_timeout", "error": exc, **ids}
-            )
-            return GrabResult(Outcome.CONTENDED)
-        logger.exception("grab failed", extra={"event": "grab_failed", **ids})
-        raise
+    with shedding.place(activity_id) as placed:
+        if not placed:
+            return GrabResult(Outcome.CONTENDED, reason="shed")
+        try:
+            result = strategy.grab(activity_id=activity_id, user_id=user_id)
+        except RedpackError:
+            raise  # an expected failure, answered with its own code
+        except Exception as exc:
+            if isinstance(exc, DatabaseError) and is_lock_timeout(exc):
+                # The strategy's transaction was rolled back (and its Redis state given back),
+                # so nothing was granted: the honest answer is "try again", not a server error.
+                logger.warning(
+                    "grab lock timeout", extra={"event": "lock_timeout", "error": exc, **ids}
+                )
+                return GrabResult(Outcome.CONTENDED)
+            logger.exception("grab failed", extra={"event": "grab_failed", **ids})
+            raise
     if result.outcome is Outcome.CONTENDED:
         logger.info("grab contended", extra={"event": "grab_contended", **ids})
+    finished.learn(activity_id, result)
     return result
 
 

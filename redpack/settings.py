@@ -63,11 +63,13 @@ MIDDLEWARE = [
     "redpack.api.middleware.RequestSizeLimitMiddleware",
     "redpack.api.middleware.CredentialThrottleMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Session, CSRF, auth and messages: for the browser (admin, API docs), not for the token-only
+    # hot endpoints (grab, ping: redpack/api/middleware.py TOKEN_ONLY_PATHS).
+    "redpack.api.middleware.BrowserSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "redpack.api.middleware.BrowserCsrfViewMiddleware",
+    "redpack.api.middleware.BrowserAuthenticationMiddleware",
+    "redpack.api.middleware.BrowserMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -305,10 +307,18 @@ REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")
 # Their keys expire this many seconds after the activity does (or after it closes).
 REDPACK_REDIS_STATE_GRACE = env.int("REDPACK_REDIS_STATE_GRACE", default=3600)
 # Times a grab script is sent again, under the same attempt, after its reply was lost (count).
+REDPACK_REDIS_GRAB_RERUNS = env.int("REDPACK_REDIS_GRAB_RERUNS", default=2)
 # Batched strategies (strategies/combiner.py): the most grabs of one activity one batch takes
 # (one Redis script run, one MySQL transaction). Batches form only under contention.
 REDPACK_BATCH_MAX = env.int("REDPACK_BATCH_MAX", default=64)
-REDPACK_REDIS_GRAB_RERUNS = env.int("REDPACK_REDIS_GRAB_RERUNS", default=2)
+# Fast answers (redpack/finished.py): seconds a process, and Redis for the others, remembers
+# that an activity is sold out or closed; holders kept per activity at most for the answers.
+REDPACK_FINISHED_SECONDS = env.float("REDPACK_FINISHED_SECONDS", default=2.0)
+REDPACK_FINISHED_MAX_HOLDERS = env.int("REDPACK_FINISHED_MAX_HOLDERS", default=20_000)
+# Load shedding (redpack/shedding.py): grabs of one activity under way in one process at most;
+# one more is answered 409 contended (reason shed) with Retry-After.
+REDPACK_GRAB_LINE = env.int("REDPACK_GRAB_LINE", default=2 * REDPACK_BATCH_MAX)
+REDPACK_SHED_RETRY_AFTER = env.int("REDPACK_SHED_RETRY_AFTER", default=1)
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

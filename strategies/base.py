@@ -14,6 +14,7 @@ looks at a strategy's class:
 - retry_failed_write(failure_id=): the admin's retry of a grab that failed to reach MySQL.
 - rebuild(activity_id=): rewrite state kept outside MySQL from MySQL (`rebuildable`).
 - audit(activity): strategy-specific invariant checks (e.g. Redis agrees with MySQL).
+- holders(activity_id=): who holds a packet (the fast answers of a sold-out activity).
 - raw_grab(cursor, activity_id=, user_id=): the grab's own statements on a plain DB-API
   cursor (mysqlclient, autocommit), without Django: the lab's raw same-SQL ceiling
   (redpack/lab/ceilings.py). None for a strategy that has no such measure.
@@ -40,6 +41,16 @@ class Outcome(StrEnum):
 class GrabResult:
     outcome: Outcome
     amount_cents: int | None = None  # set for grabbed and already_grabbed
+    reason: str | None = None  # why `contended`, when the caller can act on it ("shed")
+
+
+@dataclass(frozen=True)
+class Holders:
+    """Who holds a packet of an activity: user -> cents of the grabs that are settled, and the
+    users whose grab is decided but not yet answerable (a mark whose row is being written)."""
+
+    cents: dict[int, int]
+    unsettled: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,14 @@ class GrabStrategy:
     def rebuild(self, *, activity_id: int) -> None:
         """Rewrite the activity's state kept outside MySQL from MySQL; idempotent."""
         raise NotRebuildable(f"{self.name} keeps no state outside MySQL")
+
+    def holders(self, *, activity_id: int) -> Holders:
+        """Who holds a packet of the activity (redpack/finished.py answers a sold-out
+        activity's grabs from it); by default the grab rows in MySQL."""
+        from .steps import held_marks  # steps builds on this module
+
+        marks = held_marks(activity_id=activity_id)
+        return Holders({user_id: row.cents for user_id, row in marks.items()})
 
     def audit(self, activity: "Activity") -> list[str]:
         """Violations of strategy-specific invariants; the auditor adds the common ones."""

@@ -9,7 +9,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import bans, health, selectors
+from redpack import bans, finished, health, selectors
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -36,6 +36,7 @@ def clean_redis() -> Iterator[None]:
     selectors.activity_strategy.cache_clear()
     health.forget_verdict()
     bans.forget()
+    finished.forget()
     yield
 
 

@@ -3,6 +3,8 @@
 They keep no state: prepare does nothing and grab answers the same thing every time.
 """
 
+import threading
+
 from django.db import OperationalError
 
 from strategies.base import CloseResult, GrabResult, GrabStrategy, Outcome, StrategyHealth
@@ -70,6 +72,20 @@ class OtherDatabaseStrategy(_Dummy):
         return GrabResult(Outcome.SOLD_OUT)
 
 
+class HeldStrategy(_Dummy):
+    """Its grabs wait until a test lets them go (`release`); `entered` counts them in."""
+
+    name = "held"
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        HeldStrategy.entered.release()
+        if not HeldStrategy.release.wait(timeout=30):
+            raise RuntimeError("the test never released the held grab")
+        return GrabResult(Outcome.CONTENDED)
+
+
 DUMMIES = {
     cls.name: f"tests.dummy_strategies.{cls.__name__}"
     for cls in (
@@ -79,5 +95,6 @@ DUMMIES = {
         LaggingStrategy,
         UnsettledStrategy,
         OtherDatabaseStrategy,
+        HeldStrategy,
     )
 }

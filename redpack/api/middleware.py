@@ -1,13 +1,42 @@
 import json
+import re
 from collections.abc import Callable
 
 from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 
 from redpack import ratelimit
 
 from .errors import error_body
+
+# The hot endpoints authenticate by token alone (no session, no cookie, no CSRF: a bearer token
+# is not sent by a browser on its own): the browser's middleware is skipped for them.
+TOKEN_ONLY_PATHS = re.compile(r"^/api/(ping/|activities/\d+/grab/)$")
+
+
+def browser_only(middleware: type) -> type:
+    """`middleware` (a subclass, so Django's checks still find it), skipped for requests to
+    TOKEN_ONLY_PATHS."""
+
+    class BrowserOnly(middleware):  # type: ignore[misc,valid-type]
+        def __call__(self, request: HttpRequest) -> HttpResponse:
+            if TOKEN_ONLY_PATHS.match(request.path_info):
+                return self.get_response(request)  # type: ignore[no-any-return]
+            return super().__call__(request)  # type: ignore[no-any-return]
+
+    BrowserOnly.__name__ = BrowserOnly.__qualname__ = f"BrowserOnly{middleware.__name__}"
+    return BrowserOnly
+
+
+BrowserSessionMiddleware = browser_only(SessionMiddleware)
+BrowserCsrfViewMiddleware = browser_only(CsrfViewMiddleware)
+BrowserAuthenticationMiddleware = browser_only(AuthenticationMiddleware)
+BrowserMessageMiddleware = browser_only(MessageMiddleware)
 
 
 class RequestSizeLimitMiddleware:

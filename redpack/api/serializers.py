@@ -112,6 +112,12 @@ class GrabResultSerializer(serializers.Serializer):
         required=False,
         help_text="Set for grabbed and already_grabbed.",
     )
+    reason = serializers.ChoiceField(
+        choices=["shed"],
+        required=False,
+        help_text="contended only: `shed` when the server turned the grab away at once "
+        "(its line for the activity was full); retry after Retry-After seconds.",
+    )
 
 
 class GrabDetailSerializer(serializers.ModelSerializer):

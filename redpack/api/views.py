@@ -1,20 +1,28 @@
 """Thin views: validate with a serializer, call one service, render."""
 
+from typing import Any
+
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework_simplejwt.authentication import JWTAuthentication
+from rest_framework_simplejwt.authentication import (
+    JWTAuthentication,
+    JWTStatelessUserAuthentication,
+)
 
 from redpack import health, selectors, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
 
+from . import gate
 from .auth import ActiveTokenUserAuthentication
 from .serializers import (
     ActivityCreateSerializer,
@@ -63,12 +71,19 @@ class ActivityDetailView(APIView):
 
 
 class GrabView(APIView):
-    """Stateless token authentication: a grab needs no database round trip to know the user (nor
-    to refuse a deactivated one: redpack/bans.py)."""
+    """A grab costs one Redis round trip before its strategy (api/gate.py: throttle, ban,
+    finished flag) and no MySQL query of its own: the token is checked by its signature."""
 
-    authentication_classes = [ActiveTokenUserAuthentication]
-    throttle_classes = [RedpackThrottle]
-    throttle_scope = "grab"
+    authentication_classes = [JWTStatelessUserAuthentication]
+    throttle_classes: list[type] = []  # counted by the gate
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authenticates: 401 before any store
+        self.gate = gate.grab_gate(user_id=user_id(request), activity_id=kwargs["pk"])
+        if self.gate.disabled:
+            raise AuthenticationFailed("this user is deactivated", code="user_inactive")
+        if self.gate.wait is not None:
+            self.throttled(request, self.gate.wait)
 
     @extend_schema(
         request=None,
@@ -78,19 +93,26 @@ class GrabView(APIView):
                 "An answer: grabbed, already_grabbed (with the amount), sold_out or closed.",
             ),
             409: OpenApiResponse(
-                GrabResultSerializer, "contended: nothing this time, packets may remain; retry."
+                GrabResultSerializer,
+                "contended: nothing this time, packets may remain; retry (after Retry-After "
+                "seconds when `reason` is `shed`: the activity's line in this server was full).",
             ),
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        result = services.activity_grab(activity_id=pk, user_id=user_id(request))
+        result = services.activity_grab(
+            activity_id=pk, user_id=user_id(request), finished_hint=self.gate.finished
+        )
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))
-        code = (
-            status.HTTP_409_CONFLICT if result.outcome is Outcome.CONTENDED else status.HTTP_200_OK
-        )
-        return Response(body, status=code)
+        if result.outcome is not Outcome.CONTENDED:
+            return Response(body)
+        headers = {}
+        if result.reason is not None:
+            body["reason"] = result.reason
+            headers["Retry-After"] = str(settings.REDPACK_SHED_RETRY_AFTER)
+        return Response(body, status=status.HTTP_409_CONFLICT, headers=headers)
 
 
 class PingView(APIView):

@@ -46,6 +46,20 @@ COST_COLUMNS: list[tuple[str, str, str]] = [
     ("projected_per_redis_shard", "per Redis shard /s", ",.0f"),
     ("projected_per_mysql_row", "per MySQL row /s", ",.0f"),
 ]
+# The HTTP runs as a user lives them: every request's cause, latency, and the generator's CPU.
+HTTP_COLUMNS: list[tuple[str, str, str]] = [
+    ("strategy", "strategy", "s"),
+    ("run", "run", "s"),
+    ("requests", "requests", ",.0f"),
+    ("unanswered", "unanswered", "d"),
+    ("causes", "answers by cause", "causes"),
+    ("p50_ms", "p50 ms", ",.0f"),
+    ("p95_ms", "p95 ms", ",.0f"),
+    ("p99_ms", "p99 ms", ",.0f"),
+    ("max_ms", "max ms", ",.0f"),
+    ("within_1s", "within 1 s", "%"),
+    ("generator_cpu_share", "generator CPU", "generator"),
+]
 LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so no column
 
 
@@ -67,6 +81,13 @@ def cell(value: Any, fmt: str) -> str:
         return str(int(value)) if not value else f"**{int(value)}**"
     if fmt == "s":
         return str(value)
+    if fmt == "causes":
+        return ", ".join(f"{cause} {count:,}" for cause, count in value.items()) or "–"
+    if fmt == "generator":
+        share, bound = value
+        if share is None:
+            return "–"
+        return f"{100 * share:.0f}%" + (" **generator-bound**" if bound else "")
     if fmt == "kind":
         return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
@@ -92,7 +113,29 @@ def results_table(results: Sequence[dict[str, Any]], columns: list | None = None
 def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
     if fmt == "mysql":
         return (row.get(key), row.get("mysql_queries_per_request_own"))
+    if fmt == "generator":
+        return (row.get(key), row.get("generator_bound"))
     return row.get(key)
+
+
+def histogram_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Requests per latency bucket, one line per HTTP run (buckets of locustfiles/_common.py)."""
+    buckets = list(dict.fromkeys(b for r in rows for b in (r.get("latency_histogram") or {})))
+    ordered = sorted(buckets, key=bucket_order)
+    lines = [
+        "| strategy | run | " + " | ".join(ordered) + " |",
+        "|---|---|" + "---:|" * len(ordered),
+    ]
+    for row in rows:
+        counts = row.get("latency_histogram") or {}
+        cells = [f"{counts[b]:,}" if counts.get(b) else "" for b in ordered]
+        lines.append(f"| {row['strategy']} | {row['run']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bucket_order(label: str) -> float:
+    number = float("".join(ch for ch in label if ch.isdigit()))
+    return number + (0.5 if label.startswith(">") else 0)
 
 
 def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:
@@ -147,6 +190,13 @@ How to read it:
   the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting,
   not holding); the combiner's mean batch; and the grabs/s one Redis shard or one activity
   row could take if the client side were free (10⁶ / its µs per request).
+- **Over HTTP**: every grab request by cause: the contract's answers (`shed`: a `contended`
+  given at once because the activity's line in that web process was full), `throttled` (429),
+  `outcome_unknown` (503), other `5xx`, `client_timeout` and `connection_error` (no answer
+  reached the client: **unanswered**, with the requests the run's stop cut off). A request
+  Locust counted without a cause fails the run. **within 1 s**: share of the requests answered
+  within a second. **generator CPU**: Locust's own CPU over the run per Locust process (one
+  core each); at 90% and above the load generator, not the server, may be the limit.
 """
 
 
@@ -175,6 +225,12 @@ def write_markdown(
     bench_rows = [r for r in results if str(r.get("run", "")).startswith("bench")]
     if bench_rows:
         parts += ["## Cost per request", "", results_table(bench_rows, COST_COLUMNS), ""]
+    http_rows = [r for r in results if str(r.get("run", "")).startswith("HTTP")]
+    if http_rows:
+        parts += ["## Over HTTP: every request's answer and wait", ""]
+        parts += [results_table(http_rows, HTTP_COLUMNS), ""]
+        if any(r.get("latency_histogram") for r in http_rows):
+            parts += ["Requests per latency bucket:", "", histogram_table(http_rows), ""]
     parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), "", LEGEND]
     if context.get("settings"):
         parts += ["", "## Settings", "", "```", *context["settings"], "```", ""]

@@ -37,12 +37,12 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
-from ..base import CloseResult, GrabResult, GrabStrategy, Outcome
+from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome
 from ..combiner import Combiner
 from ..lua import redis_client, script
 from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
-from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs
+from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs, split_held
 from .rebuild import Recorded, install
 from .rows import Won, write_grab, write_grabs
 
@@ -169,6 +169,20 @@ class RedisStateStrategy(GrabStrategy):
     def write(self, activity_id: int, won: list[Won]) -> list[GrabResult | Exception]:
         """Write the grabs a script run made to MySQL before they are answered (rows.py)."""
         return write_grabs(activity_id=activity_id, grabs=won)
+
+    def holders(self, *, activity_id: int) -> Holders:
+        """The marks in Redis; unless they are final, only those whose row MySQL holds are
+        settled (the others are still being written, or given back)."""
+        held: dict[bytes, bytes] = redis_client().hgetall(  # type: ignore[assignment]
+            f"{Keys(activity_id).tag}grabbed"
+        )
+        marks = {
+            int(user): parse_mark(split_held(value.decode())[0])[0] for user, value in held.items()
+        }
+        if self.marks_are_final:
+            return Holders(marks)
+        rows = super().holders(activity_id=activity_id).cents
+        return Holders(rows, frozenset(marks.keys() - rows.keys()))
 
     def state_keys(self, activity_id: int) -> list[str]:
         """The KEYS every script of this strategy gets."""

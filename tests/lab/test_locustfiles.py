@@ -143,3 +143,46 @@ def test_headless_hot_run_grabs_every_packet_and_passes_the_audit(web, lab_env, 
     assert figures["grabbed"] == figures["grabbed_rows"] == 10
     assert figures["oversold"] == figures["duplicates"] == 0
     assert "grab: grabbed" in done.stderr + done.stdout  # outcomes are Locust's row names
+    # Every request has a cause, all of them answers of the contract here.
+    assert figures["causes"] == {"grabbed": 10, "sold_out": 20}
+    assert figures["unanswered"] == figures["unexplained"] == 0
+    assert sum(figures["latency_histogram"].values()) == 30
+    assert 0 <= figures["within_1s"] <= 1 and figures["max_ms"] >= figures["p99_ms"]
+    assert figures["generator_processes"] == 1 and figures["generator_cpu_seconds"] > 0
+
+
+CAUSES = """
+import sys, json, socket
+sys.path.insert(0, "locustfiles")
+import _common
+cases = [
+    (200, {"outcome": "sold_out"}, None),
+    (409, {"outcome": "contended", "reason": "shed"}, None),
+    (409, {"outcome": "contended"}, None),
+    (429, {"error": {"code": "throttled"}}, None),
+    (503, {"error": {"code": "outcome_unknown"}}, None),
+    (502, {}, None),
+    (404, {"error": {"code": "not_found"}}, None),
+    (0, {}, socket.timeout("timed out")),
+    (0, {}, ConnectionResetError(104, "Connection reset by peer")),
+]
+print(json.dumps([_common.cause_of(*case) for case in cases]))
+"""
+
+
+def test_every_request_gets_a_cause():
+    done = subprocess.run(
+        [sys.executable, "-c", CAUSES], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        "sold_out",
+        "shed",
+        "contended",
+        "throttled",
+        "outcome_unknown",
+        "5xx",
+        "other_http",
+        "client_timeout",
+        "connection_error",
+    ]

@@ -165,3 +165,31 @@ def test_chart_is_a_png(tmp_path):
 
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert path.stat().st_size > 10_000
+
+
+def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_path):
+    http = row(
+        "pessimistic",
+        "HTTP hot",
+        900.0,
+        requests=10_000,
+        unanswered=3,
+        causes={"grabbed": 100, "sold_out": 9_890, "shed": 7, "client_timeout": 3},
+        max_ms=4_100.0,
+        within_1s=0.925,
+        latency_histogram={"≤10 ms": 9_000, "≤1000 ms": 250, "≤5000 ms": 750},
+        generator_cpu_share=0.95,
+        generator_bound=True,
+    )
+    path = tmp_path / "compare.md"
+    report.write_markdown(path, results=[http], ceilings=[], context={}, chart=None)
+    text = path.read_text()
+
+    assert "## Over HTTP: every request's answer and wait" in text
+    line = next(x for x in text.splitlines() if x.startswith("| pessimistic | HTTP hot | 10,000"))
+    assert "| **3** |" in line  # unanswered, flagged
+    assert "grabbed 100, sold_out 9,890, shed 7, client_timeout 3" in line
+    assert "| 4,100 | 92.5% | 95% **generator-bound** |" in line
+    histogram = next(x for x in text.splitlines() if x.startswith("| strategy | run | ≤10 ms"))
+    assert histogram.endswith("| ≤10 ms | ≤1000 ms | ≤5000 ms |")
+    assert "| pessimistic | HTTP hot | 9,000 | 250 | 750 |" in text

@@ -1,0 +1,50 @@
+"""What a grab request asks Redis before its strategy runs: one round trip.
+
+The user's grab throttle (its window's INCR + EXPIRE NX, redpack/ratelimit.py), whether the user
+is disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished
+(redpack/finished.py) go out in one MULTI. The token itself is checked without any store (a
+signed JWT), so a grab that is refused, throttled or answered from the finished flag costs this
+one round trip and no MySQL query.
+
+With Redis away the throttle counts in this process, the ban check asks MySQL (both as they do
+on their own), and the finished flag is this process's own memory.
+"""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django_redis import get_redis_connection
+from redis.exceptions import RedisError
+
+from redpack import bans, finished, ratelimit
+
+SCOPE = "grab"
+
+
+@dataclass(frozen=True)
+class Gate:
+    wait: float | None  # throttled: seconds until the window ends
+    disabled: bool
+    finished: bytes | None  # the activity's finished flag in Redis, if set
+
+
+def grab_gate(*, user_id: int, activity_id: int) -> Gate:
+    rate = settings.REDPACK_THROTTLE_RATES.get(SCOPE)
+    now = ratelimit.clock()
+    window = (
+        ratelimit.window(SCOPE, str(user_id), ratelimit.Rate.parse(rate), now) if rate else None
+    )
+    try:
+        pipe = get_redis_connection("default").pipeline(transaction=True)
+        if window is not None:
+            ratelimit.count(pipe, window)
+        pipe.sismember(bans.KEY, user_id)
+        pipe.get(finished.key(activity_id))
+        replies = pipe.execute()
+    except RedisError as exc:
+        wait = None
+        if window is not None:
+            wait = window.wait(ratelimit.count_locally(window, now, exc), now)
+        return Gate(wait, bans.is_disabled(user_id), None)
+    wait = window.wait(int(replies[0]), now) if window is not None else None
+    return Gate(wait, bool(replies[-2]), replies[-1])

@@ -1,0 +1,45 @@
+"""Load shedding: a bounded waiting line per activity in each process.
+
+A grab that finds REDPACK_GRAB_LINE grabs of the same activity already under way in its process
+is answered at once `contended` (409, reason `shed`, with Retry-After) instead of queueing
+behind them: on a hot activity those grabs wait on one row lock or one batch, and a request
+stuck behind them holds a web thread (and, for the MySQL strategies, a connection) that the
+fast answers of every other request need. Other activities are never shed by this one's line.
+
+A batch (strategies/combiner.py) counts as the grabs in it, so the bound must leave room for
+a full one: the default is 2 × REDPACK_BATCH_MAX, above the web threads of a process as `make
+run` starts it, so that only a server run with more threads than that ever sheds. See
+docs/operations.md for the measurement behind it.
+"""
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.conf import settings
+
+_lock = threading.Lock()
+_in_line: dict[int, int] = {}  # activity id -> grabs under way in this process
+
+
+@contextmanager
+def place(activity_id: int) -> Iterator[bool]:
+    """A place in the activity's line for the duration of the block; False (and no place)
+    when the line is full."""
+    with _lock:
+        waiting = _in_line.get(activity_id, 0)
+        if waiting >= settings.REDPACK_GRAB_LINE:
+            placed = False
+        else:
+            placed = True
+            _in_line[activity_id] = waiting + 1
+    try:
+        yield placed
+    finally:
+        if placed:
+            with _lock:
+                left = _in_line[activity_id] - 1
+                if left:
+                    _in_line[activity_id] = left
+                else:
+                    del _in_line[activity_id]

@@ -1,0 +1,167 @@
+"""The grab request's own cost (issue: every request answered, fast): one Redis round trip before
+the strategy, no MySQL query of its own, no browser middleware; a sold-out or closed activity
+answered from memory; a full line answered at once with 409 `shed`."""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
+from django_redis import get_redis_connection
+from redis.client import Pipeline, Redis
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack import finished, services
+from tests.dummy_strategies import DUMMIES, HeldStrategy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def client_of(user) -> APIClient:  # type: ignore[no-untyped-def]
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    return client
+
+
+def send(sender, strategy: str, count: int = 2) -> int:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk, total_amount=f"{count}.00", total_count=count, strategy=strategy
+    ).pk
+
+
+@pytest.fixture
+def redis_round_trips(monkeypatch) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
+    """Every round trip to Redis, by its first command: a plain command or a pipeline."""
+    trips: list[str] = []
+    command, execute = Redis.execute_command, Pipeline.execute
+
+    def counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
+        trips.append(str(args[0]))
+        return command(self, *args, **options)
+
+    def counted_execute(self, *args, **options):  # type: ignore[no-untyped-def]
+        trips.append("pipeline: " + " ".join(str(c[0][0]) for c in self.command_stack))
+        return execute(self, *args, **options)
+
+    monkeypatch.setattr(Redis, "execute_command", counted_command)
+    monkeypatch.setattr(Pipeline, "execute", counted_execute)
+    with override_settings(
+        REDPACK_THROTTLE_RATES={**settings.REDPACK_THROTTLE_RATES, "grab": "120/min"}
+    ):
+        yield trips
+
+
+@pytest.mark.parametrize("strategy", ["pessimistic", "group_commit", "redis_queue"])
+def test_after_the_last_packet_grabs_are_answered_without_mysql(strategy, make_users, sender):
+    users = make_users(4)
+    activity = send(sender, strategy)
+    first, second, late, later = (client_of(u) for u in users)
+    assert first.post(f"/api/activities/{activity}/grab/").json()["outcome"] == "grabbed"
+    won = second.post(f"/api/activities/{activity}/grab/").json()
+    assert won["outcome"] == "grabbed"
+    assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+
+    with CaptureQueriesContext(connection) as queries:
+        answers = [
+            later.post(f"/api/activities/{activity}/grab/").json(),
+            # a holder hears what it holds, in the contract's order, from the same memory
+            second.post(f"/api/activities/{activity}/grab/").json(),
+            later.post(f"/api/activities/{activity}/grab/").json(),
+        ]
+    held = {"outcome": "already_grabbed", "amount": won["amount"]}
+    assert answers == [{"outcome": "sold_out"}, held, {"outcome": "sold_out"}]
+    # The holders are read once for the process's memory, then nothing.
+    assert len(queries) <= 1, [q["sql"] for q in queries]
+
+
+def test_another_process_learns_the_end_from_redis_in_the_same_round_trip(
+    make_users, sender, redis_round_trips
+):
+    users = make_users(3)
+    activity = send(sender, "pessimistic", count=1)
+    assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").json()["outcome"] == (
+        "grabbed"
+    )
+    assert client_of(users[1]).post(f"/api/activities/{activity}/grab/").status_code == 200
+    finished.forget()  # this process forgets; Redis still says sold out
+    redis_round_trips.clear()
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = client_of(users[2]).post(f"/api/activities/{activity}/grab/")
+    assert answer.json() == {"outcome": "sold_out"}
+    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET"]
+    assert len(queries) == 1  # the holders, read once for this process's memory
+
+
+def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
+    make_users, sender, redis_round_trips
+):
+    (user,) = make_users(1)
+    activity = send(sender, "pessimistic")  # a MySQL strategy: nothing else asks Redis
+    redis_round_trips.clear()
+    with CaptureQueriesContext(connection) as queries:
+        response = client_of(user).post(f"/api/activities/{activity}/grab/")
+    assert response.json()["outcome"] == "grabbed"
+    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET"]
+    # pessimistic's own statements only: no session, no user row, no strategy lookup twice
+    assert all("auth_user" not in q["sql"] and "django_session" not in q["sql"] for q in queries)
+    assert "Set-Cookie" not in response and "Cookie" not in response.get("Vary", "")
+
+
+def test_a_closed_activity_is_answered_closed_from_memory_even_to_a_holder(make_users, sender):
+    users = make_users(2)
+    activity = send(sender, "pessimistic")
+    assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").status_code == 200
+    services.activity_expire(activity_id=activity, force=True)
+    assert client_of(users[1]).post(f"/api/activities/{activity}/grab/").json() == {
+        "outcome": "closed"
+    }
+    with CaptureQueriesContext(connection) as queries:
+        assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").json() == {
+            "outcome": "closed"
+        }
+    assert len(queries) == 0
+
+
+def test_the_memory_expires_and_the_strategy_answers_again(make_users, sender, monkeypatch):
+    users = make_users(2)
+    activity = send(sender, "pessimistic", count=1)
+    client_of(users[0]).post(f"/api/activities/{activity}/grab/")
+    assert client_of(users[1]).post(f"/api/activities/{activity}/grab/").json() == {
+        "outcome": "sold_out"
+    }
+    now = finished.clock()
+    monkeypatch.setattr(finished, "clock", lambda: now + settings.REDPACK_FINISHED_SECONDS + 1)
+    get_redis_connection("default").delete(finished.key(activity))  # expired there too
+    with CaptureQueriesContext(connection) as queries:
+        again = client_of(users[1]).post(f"/api/activities/{activity}/grab/").json()
+    assert again == {"outcome": "sold_out"}
+    assert any("FOR UPDATE" in q["sql"] for q in queries)  # pessimistic's row lock, asked again
+
+
+def test_a_full_line_is_answered_at_once_409_shed_and_other_activities_are_not(make_users, sender):
+    users = make_users(3)
+    HeldStrategy.release.clear()
+    with override_settings(
+        REDPACK_STRATEGIES={**settings.REDPACK_STRATEGIES, **DUMMIES}, REDPACK_GRAB_LINE=1
+    ):
+        held = send(sender, "held")
+        other = send(sender, "pessimistic")
+        waiting = threading.Thread(
+            target=client_of(users[0]).post, args=(f"/api/activities/{held}/grab/",)
+        )
+        waiting.start()
+        try:
+            assert HeldStrategy.entered.acquire(timeout=30)  # the first grab holds the line
+            shed = client_of(users[1]).post(f"/api/activities/{held}/grab/")
+            elsewhere = client_of(users[2]).post(f"/api/activities/{other}/grab/")
+        finally:
+            HeldStrategy.release.set()
+            waiting.join()
+    assert shed.status_code == 409
+    assert shed.json() == {"outcome": "contended", "reason": "shed"}
+    assert shed["Retry-After"] == str(settings.REDPACK_SHED_RETRY_AFTER)
+    assert elsewhere.json()["outcome"] == "grabbed"
