@@ -1,4 +1,5 @@
-"""What a grab request asks Redis before its strategy runs: one round trip.
+"""What a grab request (and the ping that stands in for its overhead) asks Redis before its work:
+one round trip.
 
 The user's grab throttle (its window's INCR + EXPIRE NX, redpack/ratelimit.py), whether the user
 is disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished
@@ -18,28 +19,31 @@ from redis.exceptions import RedisError
 
 from redpack import bans, finished, ratelimit
 
-SCOPE = "grab"
-
 
 @dataclass(frozen=True)
 class Gate:
     wait: float | None  # throttled: seconds until the window ends
     disabled: bool
-    finished: bytes | None  # the activity's finished flag in Redis, if set
+    finished: bytes | None  # the activity's finished flag in Redis, if asked and set
 
 
-def grab_gate(*, user_id: int, activity_id: int) -> Gate:
-    rate = settings.REDPACK_THROTTLE_RATES.get(SCOPE)
+def check(*, user_id: int, scope: str | None = None, activity_id: int | None = None) -> Gate:
+    """The user's ban, and with `scope` its throttle, with `activity_id` the activity's
+    finished flag, in one MULTI."""
+    rate = settings.REDPACK_THROTTLE_RATES.get(scope) if scope else None
     now = ratelimit.clock()
     window = (
-        ratelimit.window(SCOPE, str(user_id), ratelimit.Rate.parse(rate), now) if rate else None
+        ratelimit.window(scope or "", str(user_id), ratelimit.Rate.parse(rate), now)
+        if rate
+        else None
     )
     try:
         pipe = get_redis_connection("default").pipeline(transaction=True)
         if window is not None:
             ratelimit.count(pipe, window)
         pipe.sismember(bans.KEY, user_id)
-        pipe.get(finished.key(activity_id))
+        if activity_id is not None:
+            pipe.get(finished.key(activity_id))
         replies = pipe.execute()
     except RedisError as exc:
         wait = None
@@ -47,4 +51,5 @@ def grab_gate(*, user_id: int, activity_id: int) -> Gate:
             wait = window.wait(ratelimit.count_locally(window, now, exc), now)
         return Gate(wait, bans.is_disabled(user_id), None)
     wait = window.wait(int(replies[0]), now) if window is not None else None
-    return Gate(wait, bool(replies[-2]), replies[-1])
+    flag = replies.pop() if activity_id is not None else None
+    return Gate(wait, bool(replies[-1]), flag)

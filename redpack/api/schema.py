@@ -10,7 +10,8 @@ from .serializers import ErrorSerializer
 class StatelessJWTScheme(OpenApiAuthenticationExtension):
     """The grab endpoint's token auth: the same bearer token, verified without a user lookup."""
 
-    target_class = "redpack.api.auth.ActiveTokenUserAuthentication"
+    target_class = "redpack.api.auth.TokenUserAuthentication"
+    match_subclasses = True
     name = "jwtStatelessAuth"
     priority = 1  # wins over the contrib scheme, which reuses the name "jwtAuth"
 

@@ -12,10 +12,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework_simplejwt.authentication import (
-    JWTAuthentication,
-    JWTStatelessUserAuthentication,
-)
+from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from redpack import health, selectors, services
 from redpack.money import from_cents
@@ -23,7 +20,7 @@ from strategies import registry
 from strategies.base import Outcome
 
 from . import gate
-from .auth import ActiveTokenUserAuthentication
+from .auth import TokenUserAuthentication
 from .serializers import (
     ActivityCreateSerializer,
     ActivityGrabSerializer,
@@ -70,20 +67,30 @@ class ActivityDetailView(APIView):
         return Response(ActivitySerializer(selectors.activity_get(activity_id=pk)).data)
 
 
-class GrabView(APIView):
-    """A grab costs one Redis round trip before its strategy (api/gate.py: throttle, ban,
-    finished flag) and no MySQL query of its own: the token is checked by its signature."""
+class GatedView(APIView):
+    """Token-only views: the token is checked by its signature (no store asked), then one Redis
+    round trip (api/gate.py) checks the ban, the view's `gate_scope` throttle and, for a grab,
+    the activity's finished flag."""
 
-    authentication_classes = [JWTStatelessUserAuthentication]
+    authentication_classes = [TokenUserAuthentication]
     throttle_classes: list[type] = []  # counted by the gate
+    gate_scope: str | None = None
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401 before any store
-        self.gate = gate.grab_gate(user_id=user_id(request), activity_id=kwargs["pk"])
+        self.gate = gate.check(
+            user_id=user_id(request), scope=self.gate_scope, activity_id=kwargs.get("pk")
+        )
         if self.gate.disabled:
             raise AuthenticationFailed("this user is deactivated", code="user_inactive")
         if self.gate.wait is not None:
             self.throttled(request, self.gate.wait)
+
+
+class GrabView(GatedView):
+    """A grab costs one Redis round trip before its strategy and no MySQL query of its own."""
+
+    gate_scope = "grab"
 
     @extend_schema(
         request=None,
@@ -115,11 +122,10 @@ class GrabView(APIView):
         return Response(body, status=status.HTTP_409_CONFLICT, headers=headers)
 
 
-class PingView(APIView):
-    """The web server's ceiling for the bench: authenticated like a grab, and nothing else
-    (not throttled either: one token drives it as fast as the server answers)."""
-
-    authentication_classes = [ActiveTokenUserAuthentication]
+class PingView(GatedView):
+    """The web server's ceiling for the bench: what a grab request costs before its strategy
+    (the token, the ban check's round trip), and nothing else (not throttled either: one token
+    drives it as fast as the server answers)."""
 
     @extend_schema(request=None, responses={200: OpenApiResponse(description='`{"pong": true}`')})
     def get(self, request: Request) -> Response:
