@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,22 @@ from locust.runners import (
 )
 from locust.stats import StatsEntry
 
-from redpack.lab.stats import percentile_of_counts, share, success_rate
+from redpack.lab.stats import (
+    ANSWERS,
+    CAUSES,
+    UNANSWERED,
+    cause_of,
+    percentile_of_counts,
+    share,
+    success_rate,
+)
 
 logger = logging.getLogger("redpack.locust")
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO / "manage.py"
-OUTCOMES = {"grabbed", "already_grabbed", "sold_out", "closed", "contended"}
+OUTCOMES = ANSWERS
+GENERATOR_BOUND = 0.9  # share of its cores above which the load generator is the limit
 SUMMARY_MESSAGE = "redpack_summary"  # worker -> master: its counts, once stopped
 DONE_MESSAGE = "redpack_done"  # worker -> master: all its users are done
 STOP_MESSAGE = "redpack_stop"  # master -> workers: stop and report now
@@ -310,7 +318,7 @@ def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
             response.success()
         else:
             response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
-        lab.causes[cause_of(response.status_code, body, response.error)] += 1
+        lab.causes[cause_of(response.status_code, body, getattr(response, "error", None))] += 1
     lab.in_flight -= 1
     lab.last_end = time.time()
     if outcome is None:
@@ -320,50 +328,6 @@ def grab(user: Any, identity: Identity, activity_id: int) -> str | None:
     if outcome == "grabbed":
         lab.answers.setdefault(activity_id, []).append((identity.user_id, to_cents(body["amount"])))
     return outcome
-
-
-# Why a request ended as it did. The first five are the contract's answers (`shed` is a
-# `contended` the server gave at once, its line full); the others got no answer of the contract.
-CAUSES = (
-    "grabbed",
-    "already_grabbed",
-    "sold_out",
-    "closed",
-    "contended",
-    "shed",
-    "throttled",
-    "outcome_unknown",
-    "5xx",
-    "other_http",
-    "client_timeout",
-    "connection_error",
-)
-UNANSWERED = ("client_timeout", "connection_error")  # no HTTP answer reached the client
-GENERATOR_BOUND = 0.9  # share of its cores above which the load generator is the limit
-
-
-def cause_of(status: int, body: dict[str, Any], error: BaseException | None) -> str:
-    answered = body.get("outcome")
-    if status in (200, 409) and answered in OUTCOMES:
-        return "shed" if body.get("reason") == "shed" else answered
-    if status == 429:
-        return "throttled"
-    error_body = body.get("error")
-    if (
-        status == 503
-        and isinstance(error_body, dict)
-        and error_body.get("code") == "outcome_unknown"
-    ):
-        return "outcome_unknown"
-    if status >= 500:
-        return "5xx"
-    if status:
-        return "other_http"
-    if isinstance(error, (TimeoutError, socket.timeout, gevent.Timeout)) or "timed out" in str(
-        error
-    ):
-        return "client_timeout"
-    return "connection_error"
 
 
 def user_finished(environment: Environment) -> None:

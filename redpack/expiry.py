@@ -25,8 +25,10 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from strategies import registry
+from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 
+from . import finished
 from .models import Activity, ActivityStatus, Refund
 from .money import to_cents
 
@@ -108,6 +110,7 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
         raise ValueError(f"activity {activity_id} has not expired yet")
     strategy = registry.get(activity.strategy)
     closed = strategy.close(activity_id=activity_id)
+    finished.learn(activity_id, GrabResult(Outcome.CLOSED))  # fast answers say closed from now
     if not strategy.settle(activity_id=activity_id, timeout=settings.REDPACK_SETTLE_TIMEOUT):
         raise NotSettled(f"activity {activity_id}: pending grabs not yet in MySQL")
     try:

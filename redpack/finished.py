@@ -27,10 +27,13 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.utils import timezone
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 from redpack import selectors
+from redpack.models import GrabDetail
+from redpack.money import to_cents
 from strategies import registry
 from strategies.base import GrabResult, Holders, Outcome
 
@@ -67,18 +70,22 @@ def answer(activity_id: int, user_id: int, shared: str | bytes | None = None) ->
     now = clock()
     with _lock:
         seen = _seen.get(activity_id)
-    if seen is None or seen.until <= now:
-        if not shared:
-            return None
-        outcome = Outcome(shared.decode() if isinstance(shared, bytes) else shared)
-        if outcome not in FINAL:
-            return None
-        seen = _remember(activity_id, outcome, now)
+    if seen is not None and seen.until <= now:
+        seen = None
+    told = _outcome(shared)
+    # Closed is final and wins over a sold out remembered here (another process closed it).
+    newer = seen is None or (told is Outcome.CLOSED and seen.outcome is not Outcome.CLOSED)
+    if told is not None and newer:
+        seen = _remember(activity_id, told, now)
+    if seen is None:
+        return None
     if seen.outcome is Outcome.CLOSED:
         return GrabResult(Outcome.CLOSED)
     holders = _holders(activity_id, seen)
     if holders is None or user_id in holders.unsettled:
         return None
+    if selectors.activity_facts(activity_id)[1] <= timezone.now():
+        return GrabResult(Outcome.CLOSED)  # sold out, and now expired too: closed comes first
     cents = holders.cents.get(user_id)
     if cents is not None:
         return GrabResult(Outcome.ALREADY_GRABBED, cents)
@@ -106,6 +113,16 @@ def learn(activity_id: int, result: GrabResult) -> None:
         logger.warning("activity %s: could not share that it is %s: %s", activity_id, result, exc)
 
 
+def _outcome(shared: str | bytes | None) -> Outcome | None:
+    if not shared:
+        return None
+    try:
+        outcome = Outcome(shared.decode() if isinstance(shared, bytes) else shared)
+    except ValueError:
+        return None
+    return outcome if outcome in FINAL else None
+
+
 def forget() -> None:
     """Drop this process's memory (tests)."""
     with _lock:
@@ -131,9 +148,13 @@ def _holders(activity_id: int, seen: _Seen) -> Holders | None:
 
 
 def _read_holders(activity_id: int) -> Holders | bool:
-    strategy = registry.get(selectors.activity_strategy(activity_id))
     try:
+        strategy = registry.get(selectors.activity_strategy(activity_id))
         holders = strategy.holders(activity_id=activity_id)
+        if holders is None:  # the grab rows in MySQL say it
+            rows = GrabDetail.objects.filter(activity_id=activity_id)
+            amounts = rows.values_list("user_id", "amount")
+            holders = Holders({user: to_cents(amount) for user, amount in amounts})
     except Exception:  # noqa: BLE001 - the strategy answers instead
         logger.warning("activity %s: holders not readable now", activity_id, exc_info=True)
         return False

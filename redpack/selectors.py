@@ -1,6 +1,7 @@
 """Reads that need care: existence and permission checks, the one "grabbed count", and the
 per-process memory of each activity's strategy."""
 
+from datetime import datetime
 from functools import lru_cache
 
 from django.db.models import QuerySet
@@ -12,12 +13,16 @@ MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the da
 
 
 @lru_cache(maxsize=65536)
-def activity_strategy(activity_id: int) -> str:
-    """An activity's strategy never changes, so each process looks it up once."""
-    name = Activity.objects.filter(pk=activity_id).values_list("strategy", flat=True).first()
-    if name is None:
+def activity_facts(activity_id: int) -> tuple[str, datetime]:
+    """An activity's strategy and expiry never change, so each process looks them up once."""
+    facts = Activity.objects.filter(pk=activity_id).values_list("strategy", "expires_at").first()
+    if facts is None:
         raise NotFound(f"activity {activity_id} does not exist")
-    return name
+    return facts
+
+
+def activity_strategy(activity_id: int) -> str:
+    return activity_facts(activity_id)[0]
 
 
 def activity_get(*, activity_id: int) -> Activity:

@@ -65,12 +65,16 @@ def activity_send(
 
 
 def activity_grab(
-    *, activity_id: int, user_id: int, finished_hint: str | bytes | None = None
+    *,
+    activity_id: int,
+    user_id: int,
+    finished_hint: str | bytes | None = None,
+    bounded: bool = False,
 ) -> GrabResult:
     """One grab by one user: answered at once when the activity is known to be finished
-    (finished.py; `finished_hint` is what the request's gate read of it in Redis), refused
-    `contended` when the activity's line in this process is full (shedding.py), else answered
-    by the activity's strategy."""
+    (finished.py; `finished_hint` is what the request's gate read of it in Redis); when
+    `bounded` (a web request), refused `contended` at once if the activity's line in this
+    process is full (shedding.py); else answered by the activity's strategy."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
     known = finished.answer(activity_id, user_id, finished_hint)
@@ -78,7 +82,7 @@ def activity_grab(
         return known
     strategy = registry.get(selectors.activity_strategy(activity_id))
     ids = {"activity": activity_id, "user": user_id}
-    with shedding.place(activity_id) as placed:
+    with shedding.place(activity_id, bounded=bounded) as placed:
         if not placed:
             return GrabResult(Outcome.CONTENDED, reason="shed")
         try:

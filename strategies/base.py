@@ -142,13 +142,10 @@ class GrabStrategy:
         """Rewrite the activity's state kept outside MySQL from MySQL; idempotent."""
         raise NotRebuildable(f"{self.name} keeps no state outside MySQL")
 
-    def holders(self, *, activity_id: int) -> Holders:
+    def holders(self, *, activity_id: int) -> Holders | None:
         """Who holds a packet of the activity (redpack/finished.py answers a sold-out
-        activity's grabs from it); by default the grab rows in MySQL."""
-        from .steps import held_marks  # steps builds on this module
-
-        marks = held_marks(activity_id=activity_id)
-        return Holders({user_id: row.cents for user_id, row in marks.items()})
+        activity's grabs from it); None, the default: the grab rows in MySQL say it."""
+        return None
 
     def audit(self, activity: "Activity") -> list[str]:
         """Violations of strategy-specific invariants; the auditor adds the common ones."""

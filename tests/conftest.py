@@ -33,7 +33,7 @@ def real_services(django_db_setup, django_db_blocker) -> None:  # type: ignore[n
 def clean_redis() -> Iterator[None]:
     """Each test starts from an empty test Redis database (ids are reused between tests)."""
     get_redis_connection("default").flushdb()
-    selectors.activity_strategy.cache_clear()
+    selectors.activity_facts.cache_clear()
     health.forget_verdict()
     bans.forget()
     finished.forget()

@@ -108,7 +108,7 @@ class GrabView(GatedView):
     )
     def post(self, request: Request, pk: int) -> Response:
         result = services.activity_grab(
-            activity_id=pk, user_id=user_id(request), finished_hint=self.gate.finished
+            activity_id=pk, user_id=user_id(request), finished_hint=self.gate.finished, bounded=True
         )
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:

@@ -40,3 +40,43 @@ def success_rate(*, requests: int, contended: int, failed: int) -> float | None:
 def share(part: float, whole: float) -> float | None:
     """part / whole to four places; None when there is no whole."""
     return round(part / whole, 4) if whole else None
+
+
+# Why an HTTP grab request ended as it did (the Locust scenarios count every request under one).
+# The first six are answers of the contract (`shed`: a `contended` the server gave at once, the
+# activity's line in that web process full); the others are not.
+CAUSES = (
+    "grabbed",
+    "already_grabbed",
+    "sold_out",
+    "closed",
+    "contended",
+    "shed",
+    "throttled",
+    "outcome_unknown",
+    "5xx",
+    "other_http",
+    "client_timeout",
+    "connection_error",
+)
+ANSWERS = frozenset(CAUSES[:5])  # the contract's outcomes, as the API names them
+UNANSWERED = ("client_timeout", "connection_error")  # no HTTP answer reached the client
+
+
+def cause_of(status: int, body: Mapping[str, object], failure: BaseException | None) -> str:
+    """The cause of one grab request: its HTTP status (0: none came), JSON body and the
+    client's error."""
+    answered = body.get("outcome")
+    if status in (200, 409) and answered in ANSWERS:
+        return "shed" if body.get("reason") == "shed" else str(answered)
+    if status == 429:
+        return "throttled"
+    error = body.get("error")
+    if status == 503 and isinstance(error, dict) and error.get("code") == "outcome_unknown":
+        return "outcome_unknown"
+    if status >= 500:
+        return "5xx"
+    if status:
+        return "other_http"
+    timed_out = isinstance(failure, TimeoutError) or type(failure).__name__ == "Timeout"
+    return "client_timeout" if timed_out or "timed out" in str(failure) else "connection_error"

@@ -181,7 +181,7 @@ class RedisStateStrategy(GrabStrategy):
         }
         if self.marks_are_final:
             return Holders(marks)
-        rows = super().holders(activity_id=activity_id).cents
+        rows = {user: row.cents for user, row in held_marks(activity_id=activity_id).items()}
         return Holders(rows, frozenset(marks.keys() - rows.keys()))
 
     def state_keys(self, activity_id: int) -> list[str]:

@@ -99,7 +99,7 @@ def test_refusals_come_in_the_order_of_the_contract(strategy, make_users, sender
     assert (
         services.activity_grab(activity_id=activity.pk, user_id=late.pk).outcome is Outcome.SOLD_OUT
     )
-    registry.get(strategy).close(activity_id=activity.pk)
+    services.activity_expire(activity_id=activity.pk, force=True)  # closes through the strategy
     for user in (winner, late, later):
         assert (
             services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome
