@@ -15,6 +15,7 @@ import csv
 import io
 import os
 import re
+import resource
 import shutil
 import threading
 import time
@@ -206,6 +207,49 @@ def _redis_script(
         p99_ms=float(row["p99_latency_ms"]),
         note=note,
     )
+
+
+def web_wrk(*, url: str, authorization: str, seconds: int, connections: int) -> Ceiling:
+    """GET `url` (the ping) from wrk, a C load generator that costs the server's machine far
+    less CPU per request than Locust: the web server's ceiling with the generator out of the
+    way, next to Locust's. wrk's own CPU is measured (its share of its 2 threads' cores)."""
+    name = "Web: GET /api/ping/ (JWT, one Redis round trip), wrk"
+    tool = shutil.which("wrk")
+    if tool is None:
+        return Ceiling(name, "web_wrk", "wrk", None, note="wrk not found (apt-get install wrk)")
+    threads = 2
+    command = [tool, "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s"]
+    command += ["--latency", "-H", f"Authorization: {authorization}", url]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = processes.run(command, timeout=seconds + 60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
+    if done.returncode != 0 or rate is None:
+        detail = (done.stderr or done.stdout).strip()[-300:]
+        return Ceiling(name, "web_wrk", "wrk", None, note=f"failed: {detail}")
+    note = f"wrk's own CPU {100 * cpu / (seconds * threads):.0f}% of {threads} cores"
+    if errors:
+        note += f"; {errors.group(1)} non-2xx answers"
+    return Ceiling(
+        name,
+        "web_wrk",
+        f"wrk -t{threads} -c{connections} -d{seconds}s",
+        float(rate.group(1)),
+        p50_ms=_wrk_ms(done.stdout, "50%"),
+        p99_ms=_wrk_ms(done.stdout, "99%"),
+        note=note,
+    )
+
+
+def _wrk_ms(output: str, percentile: str) -> float | None:
+    """A latency percentile of wrk's --latency table ("50%  1.23ms"), in ms."""
+    found = re.search(rf"^\s*{re.escape(percentile)}\s+([\d.]+)(us|ms|s)\s*$", output, re.M)
+    if found is None:
+        return None
+    value, unit = float(found.group(1)), found.group(2)
+    return round(value * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit], 3)
 
 
 HOT_ROW_TABLE = "CREATE TABLE hot_row (id INT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"

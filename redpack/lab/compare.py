@@ -302,6 +302,15 @@ class Compare:
             }
         )
         self.log(f"  {_rate(rate)}")
+        self.log("ceiling: web server, GET /api/ping/ from wrk")
+        wrk = ceiling_runs.web_wrk(
+            url=f"{self.host}/api/ping/",
+            authorization=self.sender_token,
+            seconds=c.web_seconds,
+            connections=c.concurrency,
+        )
+        self.ceilings.append(asdict(wrk))
+        self.log(f"  {_rate(wrk.requests_per_s)} {wrk.note}")
 
     # --- runs ----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import pytest
 from redpack.lab.ceilings import (
     STRATEGIES_LUA,
     STRATEGY_SCRIPTS,
+    _wrk_ms,
     mysql_raw_seed,
     raw_strategies,
 )
@@ -50,3 +51,22 @@ def test_a_seeds_raw_statements_grab_every_packet_once_and_leave_nothing(name):
     # ceiling's activity, packets and rows are removed afterwards.
     assert not Activity.objects.exists()
     assert not Packet.objects.exists() and not GrabDetail.objects.exists()
+
+
+WRK_OUTPUT = """Running 10s test @ http://127.0.0.1:8765/api/ping/
+  2 threads and 64 connections
+  Latency Distribution
+     50%   28.50ms
+     75%   35.00ms
+     90%    1.20s
+     99%  850.00us
+  21000 requests in 10.00s, 3.00MB read
+Requests/sec:   2100.50
+"""
+
+
+def test_wrk_latencies_are_read_in_milliseconds_whatever_the_unit():
+    assert _wrk_ms(WRK_OUTPUT, "50%") == 28.5
+    assert _wrk_ms(WRK_OUTPUT, "90%") == 1200.0
+    assert _wrk_ms(WRK_OUTPUT, "99%") == 0.85
+    assert _wrk_ms(WRK_OUTPUT, "99.9%") is None
