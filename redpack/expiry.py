@@ -109,8 +109,11 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
     if not force and activity.expires_at > timezone.now():
         raise ValueError(f"activity {activity_id} has not expired yet")
     strategy = registry.get(activity.strategy)
+    # Fast answers say closed from now on, and again once closed (a flag written in between
+    # by a late `sold_out` never replaces closed: redpack/finished.py).
+    finished.learn(activity_id, GrabResult(Outcome.CLOSED))
     closed = strategy.close(activity_id=activity_id)
-    finished.learn(activity_id, GrabResult(Outcome.CLOSED))  # fast answers say closed from now
+    finished.learn(activity_id, GrabResult(Outcome.CLOSED))
     if not strategy.settle(activity_id=activity_id, timeout=settings.REDPACK_SETTLE_TIMEOUT):
         raise NotSettled(f"activity {activity_id}: pending grabs not yet in MySQL")
     try:

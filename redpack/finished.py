@@ -16,9 +16,12 @@ from where the strategy keeps them (GrabStrategy.holders); a user whose grab is 
 yet (a mark in Redis whose row is still being written), or any user of an activity with more
 than REDPACK_FINISHED_MAX_HOLDERS holders, is answered by the strategy as before.
 
-Why it expires: closed is final, and so is sold out for the strategies that write MySQL first;
-a Redis strategy can give a packet back (a write that failed after Redis took it), and that
-packet can be grabbed again once every process's memory of the end has expired.
+Why sold out is answered only when settled: a packet taken and not yet written can still come
+back (a write that fails gives it back, and its batch's `sold_out` answers become `contended`);
+so sold out is answered from memory only while no grab is being written (no mark in Redis
+without its row). Closed is final and never replaced by sold out. Memory lasts no longer than
+the flag it was learned from, so REDPACK_FINISHED_SECONDS bounds how long an end is believed
+(0 turns the fast answers off).
 """
 
 import logging
@@ -35,7 +38,7 @@ from redpack import selectors
 from redpack.models import GrabDetail
 from redpack.money import to_cents
 from strategies import registry
-from strategies.base import GrabResult, Holders, Outcome
+from strategies.base import GrabResult, Holders, Outcome, TooMany
 
 logger = logging.getLogger(__name__)
 
@@ -55,18 +58,39 @@ class _Seen:
     # Read by the first sold_out answer that needs them (the others wait for it); False: too
     # many to keep, or not readable: the strategy answers until this memory expires.
     holders: Holders | bool | None = None
+    read_at: float = 0.0
     reading: threading.Lock = field(default_factory=threading.Lock)
 
 
 _lock = threading.Lock()
 _seen: dict[int, _Seen] = {}
+UNSETTLED_REREAD_SECONDS = 0.05  # holders with grabs still being written are read again after
+
+# Sold out never replaces closed, in Redis either: a batch answered `sold_out` before a close
+# can finish after it.
+_SHARE_SOLD_OUT = """
+if redis.call('GET', KEYS[1]) == 'closed' then return 0 end
+redis.call('SET', KEYS[1], 'sold_out', 'PX', ARGV[1])
+return 1
+"""
 
 
-def answer(activity_id: int, user_id: int, shared: str | bytes | None = None) -> GrabResult | None:
+def enabled() -> bool:
+    return settings.REDPACK_FINISHED_SECONDS > 0
+
+
+def answer(
+    activity_id: int,
+    user_id: int,
+    shared: str | bytes | None = None,
+    shared_ttl_ms: int | None = None,
+) -> GrabResult | None:
     """The answer for a finished activity, or None: ask the strategy.
 
-    `shared`: the value of the activity's Redis key, read by the request's gate (None when it
-    was not read or not there)."""
+    `shared`, `shared_ttl_ms`: the value of the activity's Redis flag and the milliseconds it
+    has left, read by the request's gate (None when not read or not there)."""
+    if not enabled():
+        return None
     now = clock()
     with _lock:
         seen = _seen.get(activity_id)
@@ -76,13 +100,18 @@ def answer(activity_id: int, user_id: int, shared: str | bytes | None = None) ->
     # Closed is final and wins over a sold out remembered here (another process closed it).
     newer = seen is None or (told is Outcome.CLOSED and seen.outcome is not Outcome.CLOSED)
     if told is not None and newer:
-        seen = _remember(activity_id, told, now)
+        seconds = settings.REDPACK_FINISHED_SECONDS
+        if shared_ttl_ms is not None and shared_ttl_ms > 0:
+            seconds = min(seconds, shared_ttl_ms / 1000)  # no longer than the flag lives
+        seen = _remember(activity_id, told, now, seconds)
     if seen is None:
         return None
     if seen.outcome is Outcome.CLOSED:
         return GrabResult(Outcome.CLOSED)
-    holders = _holders(activity_id, seen)
-    if holders is None or user_id in holders.unsettled:
+    holders = _holders(activity_id, seen, now)
+    # A grab still being written may yet be given back (a failed write): until every grab is
+    # settled, sold out is not final, and the strategy answers.
+    if holders is None or holders.unsettled:
         return None
     if selectors.activity_facts(activity_id)[1] <= timezone.now():
         return GrabResult(Outcome.CLOSED)  # sold out, and now expired too: closed comes first
@@ -94,21 +123,24 @@ def answer(activity_id: int, user_id: int, shared: str | bytes | None = None) ->
 
 def learn(activity_id: int, result: GrabResult) -> None:
     """Remember a strategy's final answer and tell the other processes (best effort: a process
-    that does not hear of it learns from its own next answer)."""
-    if result.outcome not in FINAL:
+    that does not hear of it learns from its own next answer). Sold out never replaces
+    closed."""
+    if result.outcome not in FINAL or not enabled():
         return
     now = clock()
     with _lock:
         seen = _seen.get(activity_id)
-        if seen is not None and seen.until > now and seen.outcome is result.outcome:
-            return
-    _remember(activity_id, result.outcome, now)
+    kept = seen is not None and seen.until > now
+    if kept and seen is not None and seen.outcome in {result.outcome, Outcome.CLOSED}:
+        return
+    _remember(activity_id, result.outcome, now, settings.REDPACK_FINISHED_SECONDS)
+    ttl_ms = max(1, int(settings.REDPACK_FINISHED_SECONDS * 1000))
     try:
-        get_redis_connection("default").set(
-            key(activity_id),
-            result.outcome.value,
-            px=max(1, int(settings.REDPACK_FINISHED_SECONDS * 1000)),
-        )
+        client = get_redis_connection("default")
+        if result.outcome is Outcome.CLOSED:
+            client.set(key(activity_id), Outcome.CLOSED.value, px=ttl_ms)
+        else:
+            client.eval(_SHARE_SOLD_OUT, 1, key(activity_id), ttl_ms)
     except RedisError as exc:
         logger.warning("activity %s: could not share that it is %s: %s", activity_id, result, exc)
 
@@ -129,8 +161,8 @@ def forget() -> None:
         _seen.clear()
 
 
-def _remember(activity_id: int, outcome: Outcome, now: float) -> _Seen:
-    seen = _Seen(outcome, now + settings.REDPACK_FINISHED_SECONDS)
+def _remember(activity_id: int, outcome: Outcome, now: float, seconds: float) -> _Seen:
+    seen = _Seen(outcome, now + seconds)
     with _lock:
         if len(_seen) >= MAX_REMEMBERED:
             _seen.clear()
@@ -138,26 +170,32 @@ def _remember(activity_id: int, outcome: Outcome, now: float) -> _Seen:
     return seen
 
 
-def _holders(activity_id: int, seen: _Seen) -> Holders | None:
-    """The activity's holders, read once per memory period; None when there are too many to
-    keep or they could not be read."""
+def _holders(activity_id: int, seen: _Seen, now: float) -> Holders | None:
+    """The activity's holders, read once per memory period (again shortly while some grab is
+    still being written); None when there are too many to keep or they could not be read."""
     with seen.reading:
-        if seen.holders is None:
-            seen.holders = _read_holders(activity_id)
+        stale = isinstance(seen.holders, Holders) and bool(seen.holders.unsettled)
+        if seen.holders is None or (stale and now - seen.read_at >= UNSETTLED_REREAD_SECONDS):
+            seen.holders, seen.read_at = _read_holders(activity_id), now
     return seen.holders if isinstance(seen.holders, Holders) else None
 
 
 def _read_holders(activity_id: int) -> Holders | bool:
+    """From the strategy, or the grab rows in MySQL; False above REDPACK_FINISHED_MAX_HOLDERS
+    (counted before anything large is read) or when they cannot be read now."""
+    at_most = settings.REDPACK_FINISHED_MAX_HOLDERS
     try:
         strategy = registry.get(selectors.activity_strategy(activity_id))
-        holders = strategy.holders(activity_id=activity_id)
+        holders = strategy.holders(activity_id=activity_id, at_most=at_most)
         if holders is None:  # the grab rows in MySQL say it
             rows = GrabDetail.objects.filter(activity_id=activity_id)
-            amounts = rows.values_list("user_id", "amount")
+            amounts = list(rows.values_list("user_id", "amount")[: at_most + 1])
+            if len(amounts) > at_most:
+                return False
             holders = Holders({user: to_cents(amount) for user, amount in amounts})
+    except TooMany:
+        return False
     except Exception:  # noqa: BLE001 - the strategy answers instead
         logger.warning("activity %s: holders not readable now", activity_id, exc_info=True)
-        return False
-    if len(holders.cents) + len(holders.unsettled) > settings.REDPACK_FINISHED_MAX_HOLDERS:
         return False
     return holders

@@ -69,15 +69,17 @@ def activity_grab(
     activity_id: int,
     user_id: int,
     finished_hint: str | bytes | None = None,
+    finished_ttl_ms: int | None = None,
     bounded: bool = False,
 ) -> GrabResult:
     """One grab by one user: answered at once when the activity is known to be finished
-    (finished.py; `finished_hint` is what the request's gate read of it in Redis); when
+    (finished.py; `finished_hint` and `finished_ttl_ms`: what the request's gate read of it
+    in Redis); when
     `bounded` (a web request), refused `contended` at once if the activity's line in this
     process is full (shedding.py); else answered by the activity's strategy."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
-    known = finished.answer(activity_id, user_id, finished_hint)
+    known = finished.answer(activity_id, user_id, finished_hint, finished_ttl_ms)
     if known is not None:
         return known
     strategy = registry.get(selectors.activity_strategy(activity_id))

@@ -75,6 +75,10 @@ class StrategyHealth:
     sections: Mapping[str, object]  # added to /healthz by key
 
 
+class TooMany(Exception):
+    """More holders than the caller keeps (GrabStrategy.holders)."""
+
+
 class NotRebuildable(Exception):
     """The strategy cannot rewrite this activity's state from MySQL now (it keeps none, or MySQL
     is not yet the whole truth about it); the message says why."""
@@ -142,9 +146,10 @@ class GrabStrategy:
         """Rewrite the activity's state kept outside MySQL from MySQL; idempotent."""
         raise NotRebuildable(f"{self.name} keeps no state outside MySQL")
 
-    def holders(self, *, activity_id: int) -> Holders | None:
+    def holders(self, *, activity_id: int, at_most: int) -> Holders | None:
         """Who holds a packet of the activity (redpack/finished.py answers a sold-out
-        activity's grabs from it); None, the default: the grab rows in MySQL say it."""
+        activity's grabs from it); None, the default: the grab rows in MySQL say it. TooMany
+        when there are more than `at_most`, counted before reading them."""
         return None
 
     def audit(self, activity: "Activity") -> list[str]:

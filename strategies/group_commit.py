@@ -149,10 +149,16 @@ class GroupCommitStrategy(GrabStrategy):
     ) -> list[GrabResult | Exception]:
         """The transaction failed while writing: rolled back, or, if the connection dropped
         during COMMIT, maybe committed, and then wholly. MySQL says which (steps.written_row);
-        the answers that needed no write stand either way."""
+        the answers that needed no write stand either way (a `sold_out` needed it: the rows
+        that were not written would have taken the last packets)."""
         batch_users = {row.user_id for row in rows}
+        # A `sold_out` depends on the write too: the batch's own rows took the last packets.
         depends = [
-            answer.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED} and user_id in batch_users
+            answer.outcome is Outcome.SOLD_OUT
+            or (
+                answer.outcome in {Outcome.GRABBED, Outcome.ALREADY_GRABBED}
+                and user_id in batch_users
+            )
             for user_id, answer in zip(user_ids, planned, strict=True)
         ]
         try:

@@ -3,9 +3,9 @@ one round trip.
 
 The user's grab throttle (its window's INCR + EXPIRE NX, redpack/ratelimit.py), whether the user
 is disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished
-(redpack/finished.py) go out in one MULTI. The token itself is checked without any store (a
-signed JWT), so a grab that is refused, throttled or answered from the finished flag costs this
-one round trip and no MySQL query.
+(redpack/finished.py, with what the flag has left) go out in one MULTI. The token itself is
+checked without any store (a signed JWT), so a grab that is refused, throttled or answered from
+the finished flag costs this one round trip and no MySQL query.
 
 With Redis away the throttle counts in this process, the ban check asks MySQL (both as they do
 on their own), and the finished flag is this process's own memory.
@@ -25,6 +25,7 @@ class Gate:
     wait: float | None  # throttled: seconds until the window ends
     disabled: bool
     finished: bytes | None  # the activity's finished flag in Redis, if asked and set
+    finished_ttl_ms: int | None = None  # what the flag has left
 
 
 def check(*, user_id: int, scope: str | None = None, activity_id: int | None = None) -> Gate:
@@ -44,6 +45,7 @@ def check(*, user_id: int, scope: str | None = None, activity_id: int | None = N
         pipe.sismember(bans.KEY, user_id)
         if activity_id is not None:
             pipe.get(finished.key(activity_id))
+            pipe.pttl(finished.key(activity_id))
         replies = pipe.execute()
     except RedisError as exc:
         wait = None
@@ -51,5 +53,6 @@ def check(*, user_id: int, scope: str | None = None, activity_id: int | None = N
             wait = window.wait(ratelimit.count_locally(window, now, exc), now)
         return Gate(wait, bans.is_disabled(user_id), None)
     wait = window.wait(int(replies[0]), now) if window is not None else None
-    flag = replies.pop() if activity_id is not None else None
-    return Gate(wait, bool(replies[-1]), flag)
+    flag, ttl = (replies[-2], int(replies[-1])) if activity_id is not None else (None, None)
+    disabled = replies[-3] if activity_id is not None else replies[-1]
+    return Gate(wait, bool(disabled), flag, ttl)

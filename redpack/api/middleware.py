@@ -7,7 +7,6 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 
 from redpack import ratelimit
@@ -34,7 +33,6 @@ def browser_only(middleware: type) -> type:
 
 
 BrowserSessionMiddleware = browser_only(SessionMiddleware)
-BrowserCsrfViewMiddleware = browser_only(CsrfViewMiddleware)
 BrowserAuthenticationMiddleware = browser_only(AuthenticationMiddleware)
 BrowserMessageMiddleware = browser_only(MessageMiddleware)
 

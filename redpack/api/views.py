@@ -108,7 +108,11 @@ class GrabView(GatedView):
     )
     def post(self, request: Request, pk: int) -> Response:
         result = services.activity_grab(
-            activity_id=pk, user_id=user_id(request), finished_hint=self.gate.finished, bounded=True
+            activity_id=pk,
+            user_id=user_id(request),
+            finished_hint=self.gate.finished,
+            finished_ttl_ms=self.gate.finished_ttl_ms,
+            bounded=True,
         )
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:

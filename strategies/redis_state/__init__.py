@@ -37,7 +37,7 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
-from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome
+from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, TooMany
 from ..combiner import Combiner
 from ..lua import redis_client, script
 from ..steps import close_row_locked, held_cents, held_marks
@@ -141,10 +141,17 @@ class RedisStateStrategy(GrabStrategy):
                 logger.warning("activity %s: grabs held elsewhere not looked up", activity_id)
                 # Each of those members asks again on its own (`grab`); the others' answers,
                 # grabs written above among them, do not depend on it.
+        # A winner not written gave its packet back: the batch's `sold_out` answers counted on
+        # it being gone, so they become "try again".
+        given_back = any(
+            not (isinstance(a, GrabResult) and a.outcome is Outcome.GRABBED) for a in answers
+        )
         decisions: list[Decision | Exception] = []
         for (user_id, attempt), reply in zip(members, replies, strict=True):
             if reply.outcome == "grabbed":
                 decisions.append(written[attempt])
+            elif reply.outcome == "sold_out" and given_back:
+                decisions.append(GrabResult(Outcome.CONTENDED))
             elif reply.outcome != "already_grabbed" or self.marks_are_final:
                 decisions.append(self.answer(reply, activity_id))
             elif user_id in held:
@@ -170,12 +177,14 @@ class RedisStateStrategy(GrabStrategy):
         """Write the grabs a script run made to MySQL before they are answered (rows.py)."""
         return write_grabs(activity_id=activity_id, grabs=won)
 
-    def holders(self, *, activity_id: int) -> Holders:
+    def holders(self, *, activity_id: int, at_most: int) -> Holders:
         """The marks in Redis; unless they are final, only those whose row MySQL holds are
         settled (the others are still being written, or given back)."""
-        held: dict[bytes, bytes] = redis_client().hgetall(  # type: ignore[assignment]
-            f"{Keys(activity_id).tag}grabbed"
-        )
+        grabbed = f"{Keys(activity_id).tag}grabbed"
+        client = redis_client()
+        if int(client.hlen(grabbed)) > at_most:  # type: ignore[arg-type]
+            raise TooMany(grabbed)
+        held: dict[bytes, bytes] = client.hgetall(grabbed)  # type: ignore[assignment]
         marks = {
             int(user): parse_mark(split_held(value.decode())[0])[0] for user, value in held.items()
         }

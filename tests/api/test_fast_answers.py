@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import finished, services
+from strategies.base import GrabResult, Outcome
 from tests.dummy_strategies import DUMMIES, HeldStrategy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,7 +93,7 @@ def test_another_process_learns_the_end_from_redis_in_the_same_round_trip(
     with CaptureQueriesContext(connection) as queries:
         answer = client_of(users[2]).post(f"/api/activities/{activity}/grab/")
     assert answer.json() == {"outcome": "sold_out"}
-    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET"]
+    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET PTTL"]
     assert len(queries) == 1  # the holders, read once for this process's memory
 
 
@@ -105,7 +106,7 @@ def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
     with CaptureQueriesContext(connection) as queries:
         response = client_of(user).post(f"/api/activities/{activity}/grab/")
     assert response.json()["outcome"] == "grabbed"
-    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET"]
+    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET PTTL"]
     # pessimistic's own statements only: no session, no user row, no strategy lookup twice
     assert all("auth_user" not in q["sql"] and "django_session" not in q["sql"] for q in queries)
     assert "Set-Cookie" not in response and "Cookie" not in response.get("Vary", "")
@@ -165,3 +166,43 @@ def test_a_full_line_is_answered_at_once_409_shed_and_other_activities_are_not(m
     assert shed.json() == {"outcome": "contended", "reason": "shed"}
     assert shed["Retry-After"] == str(settings.REDPACK_SHED_RETRY_AFTER)
     assert elsewhere.json()["outcome"] == "grabbed"
+
+
+def test_a_late_sold_out_never_replaces_closed(make_users, sender):
+    (user,) = make_users(1)
+    activity = send(sender, "pessimistic")
+    finished.learn(activity, GrabResult(Outcome.CLOSED))
+    finished.learn(activity, GrabResult(Outcome.SOLD_OUT))  # a batch that finished late
+    assert finished.answer(activity, user.pk) == GrabResult(Outcome.CLOSED)
+    assert get_redis_connection("default").get(finished.key(activity)) == b"closed"
+    finished.forget()  # another process, told sold_out by a stale flag, hears closed
+    assert finished.answer(activity, user.pk, b"closed", 500) == GrabResult(Outcome.CLOSED)
+
+
+def test_sold_out_is_answered_from_memory_only_once_every_grab_is_settled(
+    make_users, sender, monkeypatch
+):
+    winner, writing, late = make_users(3)
+    activity = send(sender, "redis_queue", count=1)
+    assert services.activity_grab(activity_id=activity, user_id=winner.pk).outcome == (
+        Outcome.GRABBED
+    )
+    # A grab taken in Redis whose row is still being written (its write may yet fail and give
+    # the packet back): a mark without its row.
+    grabbed = f"rp:{{{activity}}}:grabbed"
+    get_redis_connection("default").hset(grabbed, writing.pk, "100|in-flight")
+    finished.learn(activity, GrabResult(Outcome.SOLD_OUT))
+    assert finished.answer(activity, late.pk) is None  # the strategy answers meanwhile
+
+    get_redis_connection("default").hdel(grabbed, writing.pk)  # settled: given back, say
+    now = finished.clock()
+    monkeypatch.setattr(finished, "clock", lambda: now + finished.UNSETTLED_REREAD_SECONDS)
+    assert finished.answer(activity, late.pk) == GrabResult(Outcome.SOLD_OUT)
+
+
+def test_a_memory_learned_from_the_flag_lasts_no_longer_than_the_flag(make_users, sender):
+    (user,) = make_users(1)
+    activity = send(sender, "pessimistic")
+    now = finished.clock()
+    assert finished.answer(activity, user.pk, b"closed", 100) == GrabResult(Outcome.CLOSED)
+    assert finished._seen[activity].until <= now + 0.1 + 0.01

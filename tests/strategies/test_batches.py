@@ -157,6 +157,27 @@ def test_a_batch_cut_before_commit_grants_nothing_it_did_not_write(
 
 
 @pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_batch_spanning_the_last_packet_whose_write_failed_says_no_sold_out(
+    strategy, mysql_proxy, make_users, sender
+):
+    """Its `sold_out` answers counted on the batch's rows taking the last packets; those rows
+    were not written (the packets went back), so the rest hear "try again", and a fast answer
+    learned from them could not turn the packets away (redpack/finished.py)."""
+    activity = send(sender, strategy, count=1, total="1.00")
+    users = make_users(3)
+    connection.ensure_connection()
+    mysql_proxy.cut_before(b"COMMIT")
+    answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert mysql_proxy.fired == 1
+    outcomes = [a.outcome for a in answers if isinstance(a, GrabResult)]
+    assert len(outcomes) == 3 and Outcome.SOLD_OUT not in outcomes
+    if Outcome.GRABBED not in outcomes:  # nothing written: the packet is still there
+        retry = services.activity_grab(activity_id=activity.pk, user_id=users[2].pk)
+        assert retry.outcome is Outcome.GRABBED
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
 def test_a_batch_that_cannot_learn_its_commit_answers_unknown_and_retries_converge(
     strategy, mysql_proxy, make_users, sender
 ):
