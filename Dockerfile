@@ -31,4 +31,4 @@ RUN useradd --create-home --uid 1000 redpack && mkdir -p /data && chown redpack 
 USER redpack
 
 EXPOSE 8000 8089
-CMD ["gunicorn", "redpack.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", "--threads", "8"]
+CMD ["gunicorn", "redpack.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "2", "--threads", "32"]

@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 LOCUST_PORT ?= 8089
 WEB_WORKERS ?= 2
-WEB_THREADS ?= 8
+WEB_THREADS ?= 32
 WORKER_CONCURRENCY ?= 2
 # The MySQL driver compiles against the client headers (pkg-config, libmariadb-dev). Without
 # them the install leaves it out: `make run` falls back to SQLite, `make test` asks for them.

@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--port", type=int, default=8000)
     start.add_argument("--locust-port", type=int, default=8089)
     start.add_argument("--web-workers", type=int, default=2)
-    start.add_argument("--web-threads", type=int, default=8)
+    start.add_argument("--web-threads", type=int, default=32)
     start.add_argument("--worker-concurrency", type=int, default=2)
     start.add_argument("--ready-timeout", type=float, default=120.0)
     commands.add_parser("redis", help="the embedded Redis (the Procfile's `redis` process)")

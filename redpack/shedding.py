@@ -8,7 +8,7 @@ fast answers of every other request need. Other activities are never shed by thi
 
 A batch (strategies/combiner.py) counts as the grabs in it, so the bound must leave room for
 a full one: the default is 2 × REDPACK_BATCH_MAX, above the web threads of a process as `make
-run` starts it, so that only a server run with more threads than that ever sheds. See
+run` starts it (32), so that only a server run with more threads than that ever sheds. See
 docs/operations.md for the measurement behind it.
 """
 

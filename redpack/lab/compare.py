@@ -52,7 +52,7 @@ class CompareConfig:
     ceiling_queries: int = 20_000  # hot-row UPDATEs
     seed_ceiling_grabs: int = 4_000  # grabs of each seed's raw same-SQL ceiling
     web_workers: int = 2
-    web_threads: int = 8
+    web_threads: int = 32
     port: int = 8765
     celery: str = "auto"  # auto: when the project defines Celery tasks; on; off
     skip_bench: bool = False
