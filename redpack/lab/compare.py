@@ -291,7 +291,7 @@ class Compare:
         rate = summary.get("requests_per_s") if summary else None
         self.ceilings.append(
             {
-                "name": "Web: GET /api/ping/ (JWT, no storage)",
+                "name": "Web: GET /api/ping/ (JWT, one Redis round trip), Locust",
                 "kind": "web",
                 "tool": f"Locust -u {c.concurrency}, gunicorn {c.web_workers}×{c.web_threads}",
                 "requests_per_s": rate,
