@@ -123,17 +123,7 @@ def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | N
     if not script.exists():
         note = f"{script} not found"
         return Ceiling(title, "redis", "redis-benchmark", None, note=note, strategy=name)
-    with override_settings(
-        REDPACK_MAX_COUNT=max(requests, settings.REDPACK_MAX_COUNT),
-        REDPACK_ALLOW_UNSAFE_STRATEGIES=True,
-    ):
-        activity = services.activity_send(
-            sender_id=bench_sender().pk,
-            total_amount=Decimal(requests),
-            total_count=requests,
-            strategy=name,
-            expires_in=3600,
-        )
+    activity = _ceiling_activity(name, requests)
     now = time.time()
     values = {  # $now_ms before $now, its prefix
         "$activity": str(activity.pk),
@@ -155,6 +145,22 @@ def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | N
         _remove_activity(activity.pk)
     ceiling.strategy = name
     return ceiling
+
+
+def _ceiling_activity(strategy: str, packets: int) -> Activity:
+    """An activity of `packets` packets of 1.00, prepared by `strategy`, for a ceiling to grab
+    (removed afterwards by _remove_activity)."""
+    with override_settings(
+        REDPACK_MAX_COUNT=max(packets, settings.REDPACK_MAX_COUNT),
+        REDPACK_ALLOW_UNSAFE_STRATEGIES=True,
+    ):
+        return services.activity_send(
+            sender_id=bench_sender().pk,
+            total_amount=Decimal(packets),
+            total_count=packets,
+            strategy=strategy,
+            expires_in=3600,
+        )
 
 
 def _substitute(arg: str, values: dict[str, str]) -> str:
@@ -391,14 +397,7 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
     transactions = max(1, grabs // (per_transaction * concurrency))
     total = transactions * per_transaction * concurrency
     user_ids, _ = bench_users_ensure(count=total)
-    with override_settings(REDPACK_MAX_COUNT=max(total, settings.REDPACK_MAX_COUNT)):
-        activity = services.activity_send(
-            sender_id=bench_sender().pk,
-            total_amount=Decimal(total),
-            total_count=total,
-            strategy="pessimistic",
-            expires_in=3600,
-        )
+    activity = _ceiling_activity("pessimistic", total)
     activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
     connections = [_connect(db, db["NAME"], autocommit=False) for _ in range(concurrency)]
 
@@ -467,14 +466,7 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
     each = max(1, grabs // concurrency)
     total = each * concurrency
     user_ids, _ = bench_users_ensure(count=total)
-    with override_settings(REDPACK_MAX_COUNT=max(total, settings.REDPACK_MAX_COUNT)):
-        activity = services.activity_send(
-            sender_id=bench_sender().pk,
-            total_amount=Decimal(total),
-            total_count=total,
-            strategy=name,
-            expires_in=3600,
-        )
+    activity = _ceiling_activity(name, total)
     connections = [_connect(db, db["NAME"], autocommit=True) for _ in range(concurrency)]
     deadlocks = []
 
