@@ -111,6 +111,10 @@ def test_each_run_gets_the_ceiling_that_bounds_it():
     assert rows["optimistic", "bench throughput"]["ceiling"].startswith("MySQL: raw grab transa")
     assert storage_bound([{"mysql_queries_per_request_own": 0.02}]) == "redis"
     assert storage_bound([{"mysql_queries_per_request_own": 5}]) == "mysql"
+    # A hot run answered from memory once sold out says nothing of what a grab costs.
+    hot = {"run": "bench hot", "mysql_queries_per_request_own": 0.03}
+    real = {"run": "bench throughput", "mysql_queries_per_request_own": 5.0}
+    assert storage_bound([hot, real]) == "mysql"
 
 
 def test_markdown_has_a_row_per_run_and_flags_broken_invariants(tmp_path):
