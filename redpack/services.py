@@ -73,10 +73,9 @@ def activity_grab(
     bounded: bool = False,
 ) -> GrabResult:
     """One grab by one user: answered at once when the activity is known to be finished
-    (finished.py; `finished_hint` and `finished_ttl_ms`: what the request's gate read of it
-    in Redis); when
-    `bounded` (a web request), refused `contended` at once if the activity's line in this
-    process is full (shedding.py); else answered by the activity's strategy."""
+    (finished.py; `finished_hint` and `finished_ttl_ms`: what the request's gate read of it in
+    Redis); when `bounded` (a web request), refused `contended` at once if the activity's line
+    in this process is full (shedding.py); else answered by the activity's strategy."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
     known = finished.answer(activity_id, user_id, finished_hint, finished_ttl_ms)
