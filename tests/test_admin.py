@@ -73,6 +73,11 @@ def test_admin_shows_the_latest_report_and_live_progress(staff_client, make_user
     assert page.status_code == 200
     body = page.content.decode()
     assert "Latest comparison" in body and "pessimistic" in body  # from reports/compare.json
+    # Its HTTP runs as people read them: every request's cause and a latency histogram.
+    assert (
+        "every request&#x27;s answer and wait" in body or "every request's answer and wait" in body
+    )
+    assert "grabbed 100, sold_out" in body and "latency-histogram" in body and "within 1 s" in body
     chart = staff_client.get("/admin/redpack/activity/report/chart.png")
     assert chart.status_code == 200 and chart["Content-Type"] == "image/png"
     assert (
