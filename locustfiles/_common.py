@@ -46,6 +46,7 @@ from redpack.lab.stats import (
     CAUSES,
     UNANSWERED,
     cause_of,
+    histogram_of_counts,
     percentile_of_counts,
     share,
     success_rate,
@@ -462,7 +463,7 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         "generator_cpu_share": generator_share,
         "generator_bound": generator_share is not None and generator_share >= GENERATOR_BOUND,
         "within_1s": within(latency, 1000),
-        "latency_histogram": histogram(latency),
+        "latency_histogram": histogram_of_counts(latency.response_times),
         "answers": answers,
     }
 
@@ -475,20 +476,6 @@ def _grab_latency(environment: Environment, prefix: str) -> StatsEntry:
         if entry.name == prefix or entry.name.startswith(f"{prefix}: "):
             merged.extend(entry)
     return merged
-
-
-# Upper bounds (ms) of the latency histogram's buckets; the last one is open.
-HISTOGRAM_MS = (10, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 30000)
-
-
-def histogram(entry: StatsEntry) -> dict[str, int]:
-    """Requests per latency bucket, "≤10 ms" … "≤30000 ms", "> 30000 ms" (empty ones left out)."""
-    counts: Counter[str] = Counter()
-    for ms, count in entry.response_times.items():
-        bound = next((b for b in HISTOGRAM_MS if ms <= b), None)
-        counts[f"≤{bound} ms" if bound else f"> {HISTOGRAM_MS[-1]} ms"] += count
-    order = [f"≤{b} ms" for b in HISTOGRAM_MS] + [f"> {HISTOGRAM_MS[-1]} ms"]
-    return {label: counts[label] for label in order if counts[label]}
 
 
 def within(entry: StatsEntry, ms: int) -> float | None:

@@ -13,7 +13,7 @@ from strategies import registry
 from . import expiry, selectors, services, validation
 from .allocation import Allocation
 from .errors import RedpackError
-from .lab import report as lab_report
+from .lab.stats import histogram_buckets
 from .models import (
     UNRESOLVED_FAILURES,
     Activity,
@@ -315,12 +315,9 @@ class PersistFailureAdmin(admin.ModelAdmin):
 
 def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's HTTP runs as the admin page shows them: percentages, and each run's
-    latency histogram laid out on the buckets any run has (redpack/lab/report.py's order)."""
+    latency histogram laid out on the buckets any run has (redpack/lab/stats.py's order)."""
     runs = [dict(r) for r in results if str(r.get("run", "")).startswith("HTTP")]
-    buckets = sorted(
-        dict.fromkeys(b for r in runs for b in (r.get("latency_histogram") or {})),
-        key=lab_report.bucket_order,
-    )
+    buckets = histogram_buckets(r.get("latency_histogram") or {} for r in runs)
     for run in runs:
         counts = run.get("latency_histogram") or {}
         run["histogram_cells"] = [counts.get(b) for b in buckets]

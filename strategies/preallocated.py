@@ -93,10 +93,9 @@ class PreallocatedStrategy(GrabStrategy):
         """grab()'s statements on a plain cursor: the plain read, a pick, the claim
         transaction (a lost claim picks again)."""
         cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
-        span = packet_id_span(activity_id)
-        assert span is not None
         while True:
-            pivot = random.randint(*span)
+            pivot = random_pivot(activity_id)
+            assert pivot is not None
             cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=1))
             packet_id, version, amount = cursor.fetchone()
             cursor.execute("START TRANSACTION")
@@ -121,10 +120,9 @@ def random_available(activity_id: int, size: int) -> list[tuple[int, int, Decima
     locking range scan of (activity_id, status) would also lock the entry just past its range,
     a taken packet's, which the next claim has to rewrite.
     """
-    span = packet_id_span(activity_id)
-    if span is None:
+    pivot = random_pivot(activity_id)
+    if pivot is None:
         return []
-    pivot = random.randint(*span)
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:
             cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=size))
@@ -137,6 +135,12 @@ def random_available(activity_id: int, size: int) -> list[tuple[int, int, Decima
     if len(picked) < size:
         picked += available.filter(pk__lt=pivot).values_list(*fields)[: size - len(picked)]
     return picked
+
+
+def random_pivot(activity_id: int) -> int | None:
+    """A random id in the activity's packet id range (None: it has no packets)."""
+    span = packet_id_span(activity_id)
+    return None if span is None else random.randint(*span)
 
 
 def random_available_sql(*, activity_id: int, pivot: int, size: int) -> Statement:

@@ -23,7 +23,6 @@ row's hand-off; a grab whose second look finds every packet held by grabs queued
 answers `contended` (they may still roll back). Older MySQL/MariaDB lack SKIP LOCKED.
 """
 
-import random
 from decimal import Decimal
 from typing import Any
 
@@ -35,9 +34,9 @@ from redpack.money import to_cents
 from .base import GrabResult, Outcome
 from .preallocated import (
     PreallocatedStrategy,
-    packet_id_span,
     random_available,
     random_available_sql,
+    random_pivot,
 )
 from .steps import (
     GrabRow,
@@ -63,19 +62,15 @@ class SkipLockedStrategy(PreallocatedStrategy):
     tradeoff = "Each grab locks a packet nobody else holds: no lost races; needs SKIP LOCKED."
     requires = frozenset({"mysql"})  # SQLite has no row locks to skip
 
-    def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
-        _raw_grab(cursor, activity_id=activity_id, user_id=user_id)
-
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         activity, held = read_for_grab(activity_id=activity_id, user_id=user_id, lock=False)
         answer = refusal(activity, user_id=None, held=held)
         if answer is not None:
             return answer
         window = [packet_id for packet_id, _, _ in random_available(activity_id, WINDOW)]
-        marks = ", ".join(["%s"] * len(window))
         try:
             with grab_transaction():
-                packet = _lock_first_free(f"id IN ({marks})", window) if window else None
+                packet = _lock_first_free(*in_window(window)) if window else None
                 if packet is None:
                     # Every packet of the window is held by a grab in flight. Queue on the
                     # activity row like those grabs (a wait in MySQL, not a retry loop); once
@@ -104,28 +99,31 @@ class SkipLockedStrategy(PreallocatedStrategy):
         except IntegrityError as exc:
             return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
-
-def _raw_grab(cursor: Any, *, activity_id: int, user_id: int) -> None:
-    """SkipLockedStrategy.grab's statements on a plain cursor: the plain read, a window, one
-    transaction that locks a free packet of it (or, all held, any after the row lock)."""
-    cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
-    span = packet_id_span(activity_id)
-    assert span is not None
-    pivot = random.randint(*span)
-    cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=WINDOW))
-    window = [row[0] for row in cursor.fetchall()]
-    cursor.execute("START TRANSACTION")
-    cursor.execute(*lock_first_free_sql(f"id IN ({', '.join(['%s'] * len(window))})", window))
-    packet = cursor.fetchone()
-    if packet is None:
-        cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
-        cursor.execute(*lock_first_free_sql("activity_id = %s", [activity_id]))
+    def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
+        """grab()'s statements on a plain cursor: the plain read, a window, one
+        transaction that locks a free packet of it (or, all held, any after the row lock)."""
+        cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
+        pivot = random_pivot(activity_id)
+        assert pivot is not None
+        cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=WINDOW))
+        window = [row[0] for row in cursor.fetchall()]
+        cursor.execute("START TRANSACTION")
+        cursor.execute(*lock_first_free_sql(*in_window(window)))
         packet = cursor.fetchone()
-    packet_id, version, amount = packet
-    row = GrabRow(user_id, to_cents(amount), packet_id)
-    record_grab_raw(cursor, activity_id=activity_id, row=row, open_only=True)
-    cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
-    cursor.execute("COMMIT")
+        if packet is None:
+            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
+            cursor.execute(*lock_first_free_sql("activity_id = %s", [activity_id]))
+            packet = cursor.fetchone()
+        packet_id, version, amount = packet
+        row = GrabRow(user_id, to_cents(amount), packet_id)
+        record_grab_raw(cursor, activity_id=activity_id, row=row, open_only=True)
+        cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
+        cursor.execute("COMMIT")
+
+
+def in_window(window: list[int]) -> tuple[str, list[int]]:
+    """The condition and parameters of `_lock_first_free` for these packet ids."""
+    return f"id IN ({', '.join(['%s'] * len(window))})", window
 
 
 def _lock_first_free(where: str, params: list[int]) -> tuple[int, int, Decimal] | None:

@@ -52,7 +52,11 @@ def check(*, user_id: int, scope: str | None = None, activity_id: int | None = N
         if window is not None:
             wait = window.wait(ratelimit.count_locally(window, now, exc), now)
         return Gate(wait, bans.is_disabled(user_id), None)
-    wait = window.wait(int(replies[0]), now) if window is not None else None
-    flag, ttl = (replies[-2], int(replies[-1])) if activity_id is not None else (None, None)
-    disabled = replies[-3] if activity_id is not None else replies[-1]
-    return Gate(wait, bool(disabled), flag, ttl)
+    wait = None
+    if window is not None:
+        so_far, _expire, *replies = replies
+        wait = window.wait(int(so_far), now)
+    disabled, *flag = replies  # the ban, then (with an activity) the flag and its PTTL
+    if not flag:
+        return Gate(wait, bool(disabled), None)
+    return Gate(wait, bool(disabled), flag[0], int(flag[1]))

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .stats import histogram_buckets
+
 RUNS = ("bench hot", "bench throughput", "bench lone", "HTTP hot", "HTTP throughput")
 
 COLUMNS: list[tuple[str, str, str]] = [
@@ -119,9 +121,8 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
 
 
 def histogram_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Requests per latency bucket, one line per HTTP run (buckets of locustfiles/_common.py)."""
-    buckets = list(dict.fromkeys(b for r in rows for b in (r.get("latency_histogram") or {})))
-    ordered = sorted(buckets, key=bucket_order)
+    """Requests per latency bucket, one line per HTTP run (buckets of stats.HISTOGRAM_MS)."""
+    ordered = histogram_buckets(r.get("latency_histogram") or {} for r in rows)
     lines = [
         "| strategy | run | " + " | ".join(ordered) + " |",
         "|---|---|" + "---:|" * len(ordered),
@@ -131,11 +132,6 @@ def histogram_table(rows: Sequence[dict[str, Any]]) -> str:
         cells = [f"{counts[b]:,}" if counts.get(b) else "" for b in ordered]
         lines.append(f"| {row['strategy']} | {row['run']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def bucket_order(label: str) -> float:
-    number = float("".join(ch for ch in label if ch.isdigit()))
-    return number + (0.5 if label.startswith(">") else 0)
 
 
 def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ p99 or a success rate means the same thing in every column it appears in.
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -80,3 +80,24 @@ def cause_of(status: int, body: Mapping[str, object], failure: BaseException | N
         return "other_http"
     timed_out = isinstance(failure, TimeoutError) or type(failure).__name__ == "Timeout"
     return "client_timeout" if timed_out or "timed out" in str(failure) else "connection_error"
+
+
+# Upper bounds (ms) of the HTTP runs' latency histogram; the last bucket is open.
+HISTOGRAM_MS = (10, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 30000)
+HISTOGRAM_LABELS = (*(f"≤{b} ms" for b in HISTOGRAM_MS), f"> {HISTOGRAM_MS[-1]} ms")
+
+
+def histogram_of_counts(counts: Mapping[float, int]) -> dict[str, int]:
+    """Requests per latency bucket from {ms: how many} (Locust's response times), in bucket
+    order, empty buckets left out."""
+    found: dict[str, int] = dict.fromkeys(HISTOGRAM_LABELS, 0)
+    for ms, count in counts.items():
+        index = next((i for i, bound in enumerate(HISTOGRAM_MS) if ms <= bound), -1)
+        found[HISTOGRAM_LABELS[index]] += count
+    return {label: count for label, count in found.items() if count}
+
+
+def histogram_buckets(histograms: Iterable[Mapping[str, int]]) -> list[str]:
+    """The buckets any of these histograms has, in bucket order (the columns of a table)."""
+    present = {label for histogram in histograms for label in histogram}
+    return [label for label in HISTOGRAM_LABELS if label in present]
