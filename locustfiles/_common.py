@@ -44,6 +44,7 @@ from locust.stats import StatsEntry
 from redpack.lab.stats import (
     ANSWERS,
     CAUSES,
+    GENERATOR_BOUND,
     UNANSWERED,
     cause_of,
     histogram_of_counts,
@@ -57,7 +58,6 @@ logger = logging.getLogger("redpack.locust")
 REPO = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO / "manage.py"
 OUTCOMES = ANSWERS
-GENERATOR_BOUND = 0.9  # share of its cores above which the load generator is the limit
 SUMMARY_MESSAGE = "redpack_summary"  # worker -> master: its counts, once stopped
 DONE_MESSAGE = "redpack_done"  # worker -> master: all its users are done
 STOP_MESSAGE = "redpack_stop"  # master -> workers: stop and report now

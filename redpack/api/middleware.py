@@ -1,3 +1,4 @@
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -7,7 +8,7 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 
 from redpack import ratelimit
 
@@ -76,7 +77,13 @@ class CredentialThrottleMiddleware:
 
 
 def _is_credential_path(path: str) -> bool:
-    return path in {reverse("token-obtain"), reverse("token-refresh"), reverse("admin:login")}
+    return path in _credential_paths(get_script_prefix())
+
+
+@functools.cache
+def _credential_paths(script_prefix: str) -> frozenset[str]:
+    """The login paths under a script prefix, reversed once (every POST asks, grabs included)."""
+    return frozenset(reverse(name) for name in ("token-obtain", "token-refresh", "admin:login"))
 
 
 def _credential_wait(request: HttpRequest) -> float | None:

@@ -7,6 +7,7 @@ what it started, and writes reports/compare.{md,png,json} (and its logs under re
 nothing outside reports/.
 """
 
+import csv
 import json
 import os
 import sys
@@ -26,9 +27,9 @@ from redpack import services
 from strategies import registry
 
 from . import ceilings as ceiling_runs
-from . import processes, report
+from . import processes, report, wrk
 from .bench import DEFAULT_PROCESSES
-from .meters import Meters
+from .meters import Meters, Usage
 from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
 
 BASE_DIR: Path = settings.BASE_DIR
@@ -104,7 +105,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
                 return c
         return None
 
-    web = measured("web")
+    # Over HTTP the web server's own ceiling applies too, measured by the run's own generator:
+    # the lower of the two bounds the run.
+    web = {"Locust": measured("web"), "wrk": measured("web_wrk")}
     for name in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == name]
         bench_rows = [r for r in rows if r["run"].startswith("bench")]
@@ -116,11 +119,12 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
             storage = measured("redis", name) or measured("redis")
         else:
             storage = measured("mysql_raw") or measured("mysql")
-        # Over HTTP the web server's own ceiling applies too: the lower one bounds the run.
-        candidates = [c for c in (storage, web) if c is not None]
-        over_http = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
         for row in rows:
-            bound = over_http if row["run"].startswith("HTTP") else storage
+            bound = storage
+            if row["run"].startswith("HTTP"):
+                server = web["wrk" if row["run"].endswith("(wrk)") else "Locust"]
+                candidates = [c for c in (storage, server) if c is not None]
+                bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
@@ -180,6 +184,9 @@ class Compare:
                 if not config.skip_locust:
                     self._locust(name, "hot")
                     self._locust(name, "throughput")
+                    if wrk.available():
+                        self._wrk(name, "hot")
+                        self._wrk(name, "throughput")
         finally:
             for service in reversed(self.services):
                 service.stop()
@@ -356,16 +363,57 @@ class Compare:
         summary, summary_path, code = self._run_locust(
             scenario, name, users=users, seconds=seconds, extra=extra
         )
-        usage = Meters.usage(before, meters.snapshot())
         row: dict[str, Any] = {"strategy": name, "safe": registry.get(name).safe}
         row.update(summary or {"audit_ok": False, "violations": [f"locust exited {code}"]})
         row.pop("answers", None)
+        row.update(run=f"HTTP {scenario}", exit_code=code, summary=_relative(summary_path))
+        self._add_http_row(row, Meters.usage(before, meters.snapshot()))
+
+    def _wrk(self, name: str, scenario: str) -> None:
+        """The same run from wrk (wrk.py): `hot`, every user at once on its own connection;
+        `throughput`, `concurrency` connections grabbing back to back."""
+        c = self.config
+        hot = scenario == "hot"
+        users = c.hot_users if hot else c.throughput_users
+        packets = c.hot_packets if hot else c.throughput_packets
+        connections = users if hot else c.concurrency
+        seconds = c.hot_seconds if hot else c.throughput_seconds
+        self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
+        activity_id = self._send(name, packets)
+        meters = Meters(watch=[s.psutil for s in self.services])
+        before = meters.snapshot()
+        try:
+            summary = wrk.grab_run(
+                url=f"{self.host}/api/activities/{activity_id}/grab/",
+                tokens=self._tokens(users),
+                once=hot,
+                connections=connections,
+                seconds=seconds,
+                log=c.work_dir / f"wrk-{name}-{scenario}.log",
+            )
+        except RuntimeError as exc:
+            summary = {"audit_ok": False, "violations": [str(exc)]}
+        usage = Meters.usage(before, meters.snapshot())
+        row: dict[str, Any] = {"strategy": name, "safe": registry.get(name).safe}
+        row.update(summary, run=f"HTTP {scenario} (wrk)", activity_id=activity_id)
+        granted = row.pop("granted", None)
+        if granted is not None:
+            cut_off = row["unanswered"] if hot else connections
+            row.update(wrk.audit_answers(name, activity_id, granted, cut_off_at_most=cut_off))
+            row["unanswered"] += 0 if hot else row["interrupted"]
+        self._add_http_row(row, usage)
+
+    def _tokens(self, count: int) -> list[str]:
+        """The Authorization values of the first `count` bench users (the users CSV)."""
+        with open(self.users_csv, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        return [r["authorization"] for r in rows[:count]]
+
+    def _add_http_row(self, row: dict[str, Any], usage: Usage) -> None:
+        """An HTTP run's row, with what the server side (gunicorn, Celery, Redis, MySQL) spent."""
         requests_done = row.get("requests") or 0
         cpu = usage.watched_cpu + usage.redis_cpu + (usage.mysql_cpu or 0.0)
         row.update(
-            run=f"HTTP {scenario}",
-            exit_code=code,
-            summary=_relative(summary_path),
             mysql_queries=usage.mysql_queries,
             redis_commands=usage.redis_commands,
             cpu_seconds=round(cpu, 3),

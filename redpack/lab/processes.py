@@ -73,6 +73,11 @@ def run(
     return subprocess.CompletedProcess(command, process.returncode, stdout or "", stderr or "")
 
 
+def kill(process: subprocess.Popen) -> None:
+    """Kill a child started in a session of its own, with everything it started."""
+    _stop_group(process, 0)
+
+
 def _stop_group(process: subprocess.Popen, grace: float) -> None:
     try:
         if grace > 0:

@@ -11,7 +11,15 @@ from typing import Any
 
 from .stats import histogram_buckets
 
-RUNS = ("bench hot", "bench throughput", "bench lone", "HTTP hot", "HTTP throughput")
+RUNS = (
+    "bench hot",
+    "bench throughput",
+    "bench lone",
+    "HTTP hot",
+    "HTTP throughput",
+    "HTTP hot (wrk)",
+    "HTTP throughput (wrk)",
+)
 
 COLUMNS: list[tuple[str, str, str]] = [
     # (key, header, format)
@@ -152,8 +160,10 @@ LEGEND = """\
 How to read it:
 
 - **run**: `bench` drives `services.activity_grab` directly from processes × threads (no HTTP);
-  `HTTP` is Locust against gunicorn. `hot` is many users on a small activity (seed 000's
-  10,000 users and 100 packets); `throughput` is a large activity grabbed back to back
+  `HTTP` is Locust against gunicorn, `HTTP … (wrk)` the same from wrk, a C generator with a
+  Lua script (redpack/lab/wrk_grab.lua) that costs the machine far less per request. `hot` is
+  many users on a small activity (seed 000's 10,000 users and 100 packets; wrk opens one
+  connection per user, all at once); `throughput` is a large activity grabbed back to back
   (seed 002).
 - **requests/s**: grab requests answered per second, first click to last answer.
   **grabs/s**: of those, `grabbed` answers per second.
@@ -180,7 +190,9 @@ How to read it:
   `preallocated_skip_locked`, `redis_queue_single`), those statements run raw from plain
   mysqlclient threads (GrabStrategy.raw_grab); the rest, the raw one-grab transaction
   (pessimistic's SQL without this project's Python). HTTP rows also cannot beat the web
-  server's ping rate, so their ceiling is the lower of the two.
+  server's ping rate (measured by the same generator), so their ceiling is the lower of the
+  two. A hot burst's p99 is held to its users ÷ that ping rate + 1 s (the time to answer
+  everybody at the ping's pace, plus a second).
 - **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
   time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
   the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting,
@@ -191,8 +203,12 @@ How to read it:
   `outcome_unknown` (503), other `5xx`, `client_timeout` and `connection_error` (no answer
   reached the client: **unanswered**, with the requests the run's stop cut off). A request
   Locust counted without a cause fails the run. **within 1 s**: share of the requests answered
-  within a second. **generator CPU**: Locust's own CPU over the run per Locust process (one
-  core each); at 90% and above the load generator, not the server, may be the limit.
+  within a second. **generator CPU**: the generator's own CPU over the run per Locust process
+  (one core each) or per wrk thread; at 90% and above the load generator, not the server, may
+  be the limit. wrk times a request from its write: in the hot burst the TCP connect before it
+  is not in the latency (the run's seconds, from wrk's start to the last answer, include it);
+  it cannot tell which user an answer went to, so its `grabbed` answers are checked against
+  MySQL by number and amounts, beside the auditor's invariants.
 """
 
 

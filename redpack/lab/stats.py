@@ -61,6 +61,7 @@ CAUSES = (
 )
 ANSWERS = frozenset(CAUSES[:5])  # the contract's outcomes, as the API names them
 UNANSWERED = ("client_timeout", "connection_error")  # no HTTP answer reached the client
+GENERATOR_BOUND = 0.9  # share of its cores above which the load generator is the limit
 
 
 def cause_of(status: int, body: Mapping[str, object], failure: BaseException | None) -> str:

@@ -1,0 +1,89 @@
+"""The lab's wrk runs (redpack/lab/wrk.py, wrk_grab.lua): every answer counted by cause, and a
+real burst through gunicorn whose `grabbed` answers match MySQL's rows."""
+
+from decimal import Decimal
+
+import pytest
+from rest_framework_simplejwt.tokens import AccessToken
+
+from redpack import services
+from redpack.lab import wrk
+from redpack.lab.stats import HISTOGRAM_LABELS
+from redpack.models import GrabDetail
+from redpack.money import to_cents
+from tests.servers import gunicorn
+
+USERS = 60
+PACKETS = 20
+
+
+def test_every_answer_and_every_missing_one_has_a_cause():
+    result = {
+        "requests": 7,
+        "duration_us": 2_000_000,
+        "errors": {"connect": 0, "read": 1, "write": 0, "status": 2, "timeout": 1},
+        "answers": {
+            "200|grabbed||": 2,
+            "200|sold_out||": 1,
+            "409|contended|shed|": 1,
+            "503|||outcome_unknown": 1,
+            "500|||": 1,
+        },
+        "granted": ["0.50", "1.50"],
+        "percentiles_us": {"50": 2000, "95": 900_000, "99": 1_500_000},
+        "max_us": 1_600_000,
+        "at_most_ms": {"10": 3, "50": 3, "1000": 5, "2000": 6},
+    }
+
+    summary = wrk.summarize(result, sent=9, seconds=2.0, cpu_seconds=1.0, connections=9)
+
+    assert summary["causes"] == {
+        "grabbed": 2,
+        "sold_out": 1,
+        "shed": 1,
+        "outcome_unknown": 1,
+        "5xx": 1,
+        "client_timeout": 1,
+        "connection_error": 2,  # 9 sent, 6 answered, 1 timed out
+    }
+    assert sum(summary["causes"].values()) == summary["requests"] == 9
+    assert summary["unanswered"] == 3 and summary["answered"] == 6
+    assert summary["outcomes"] == {"contended": 1, "grabbed": 2, "sold_out": 1}
+    assert summary["p50_ms"] == 2.0 and summary["p99_ms"] == 1500.0 and summary["max_ms"] == 1600
+    assert summary["within_1s"] == round(5 / 9, 4)
+    labels = dict(zip(("≤10 ms", "≤1000 ms", "≤2000 ms"), (3, 2, 1), strict=True))
+    assert summary["latency_histogram"] == labels
+    assert set(summary["latency_histogram"]) <= set(HISTOGRAM_LABELS)
+    assert summary["generator_cpu_share"] == 0.25 and not summary["generator_bound"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
+    make_users, sender, tmp_path
+):
+    assert wrk.available(), "wrk is not installed (apt-get install wrk)"
+    users = make_users(USERS)
+    tokens = [f"Bearer {AccessToken.for_user(u)}" for u in users]
+    activity = services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("20.00"),
+        total_count=PACKETS,
+        strategy="redis_counter",
+        expires_in=3600,
+    )
+    with gunicorn() as base:
+        summary = wrk.grab_run(
+            url=f"{base}/api/activities/{activity.pk}/grab/",
+            tokens=tokens,
+            once=True,
+            connections=USERS,
+            seconds=60,
+            log=tmp_path / "wrk.log",
+        )
+
+    assert summary["causes"] == {"grabbed": PACKETS, "sold_out": USERS - PACKETS}
+    assert summary["unanswered"] == 0 and summary["requests"] == USERS
+    rows = GrabDetail.objects.filter(activity=activity).values_list("amount", flat=True)
+    assert sorted(to_cents(a) for a in summary["granted"]) == sorted(to_cents(a) for a in rows)
+    checked = wrk.audit_answers("redis_counter", activity.pk, summary["granted"], cut_off_at_most=0)
+    assert checked["audit_ok"], checked["violations"]
