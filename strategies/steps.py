@@ -37,6 +37,7 @@ from redpack.errors import Forbidden, OutcomeUnknown
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
 
+from . import holds
 from .base import CloseResult, GrabResult, Outcome
 
 # A raw MySQL statement and its parameters, as the hot path runs it (`*_sql` below); the lab's
@@ -62,6 +63,7 @@ def grab_transaction() -> Iterator[None]:
         return
     with connection.cursor() as cursor:
         cursor.execute("START TRANSACTION")
+        holds.began()
         try:
             yield
         except BaseException:
@@ -70,7 +72,10 @@ def grab_transaction() -> Iterator[None]:
             except DatabaseError:
                 connection.close()
             raise
-        cursor.execute("COMMIT")
+        else:
+            cursor.execute("COMMIT")
+        finally:
+            holds.released()
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,8 @@ def read_for_grab(
     with connection.cursor() as cursor:
         cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=lock))
         row = cursor.fetchone()
+    if lock:
+        holds.taken()
     if row is None:
         raise Activity.DoesNotExist(f"activity {activity_id} does not exist")
     status, expires_at, surplus_count, surplus_amount, kind, version, held = row
@@ -319,6 +326,7 @@ def take_from_surplus(
                 open_only=open_only,
             )
         )
+        holds.taken()
         return cursor.rowcount
 
 

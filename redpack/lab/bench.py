@@ -253,6 +253,7 @@ def _figures(
     batches = sum(total.batch_sizes.values())
     redis_us = us_per_request(usage.redis_cpu)
     mysql_us = us_per_request(usage.mysql_cpu)
+    hold_us = us_per_request(total.lock_hold_seconds) if total.lock_holds else None
 
     return BenchResult(
         strategy=config.strategy,
@@ -303,6 +304,15 @@ def _figures(
         mysql_cpu_us_per_request=mysql_us,
         row_lock_wait_ms=usage.row_lock_time_ms,
         row_lock_waits=usage.row_lock_waits,
+        row_lock_hold_us_per_request=hold_us,
+        row_lock_hold_mean_ms=(
+            round(1000 * total.lock_hold_seconds / total.lock_holds, 3)
+            if total.lock_holds
+            else None
+        ),
+        row_lock_hold_max_ms=(
+            round(1000 * total.lock_hold_longest, 3) if total.lock_holds else None
+        ),
         batch_sizes=dict(sorted(total.batch_sizes.items())),
         mean_batch=(
             round(sum(size * n for size, n in total.batch_sizes.items()) / batches, 2)
@@ -311,6 +321,7 @@ def _figures(
         ),
         projected_per_redis_shard=capacity(redis_us) if usage.redis_evalsha_usec else None,
         projected_per_mysql_row=capacity(mysql_us) if usage.mysql_queries else None,
+        projected_per_row_lock=capacity(hold_us),
         settled=settled,
         settle_seconds=round(settle_seconds, 3),
         audit_ok=audit.ok,

@@ -124,8 +124,10 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> WorkerRep
     if not go.wait(timeout=START_TIMEOUT):
         raise RuntimeError("the parent never gave the start signal")
     from strategies.combiner import batch_sizes, reset_batch_sizes
+    from strategies.holds import holds, reset_holds
 
     reset_batch_sizes()
+    reset_holds()
     cpu_before = _own_cpu()
     start.set()
     for thread in pool:
@@ -133,6 +135,9 @@ def _run(spec: WorkerSpec, go: Any, results: Any, done_counts: Any) -> WorkerRep
     report = WorkerReport.merged(per_thread)
     report.cpu_seconds = _own_cpu() - cpu_before
     report.batch_sizes = batch_sizes()
+    held = holds()
+    report.lock_holds, report.lock_hold_seconds = held.transactions, held.seconds
+    report.lock_hold_longest = held.longest
     return report
 
 

@@ -53,8 +53,10 @@ COST_COLUMNS: list[tuple[str, str, str]] = [
     ("redis_evalsha_us_per_request", "in EVALSHA µs", ",.1f"),
     ("mysql_cpu_us_per_request", "MySQL CPU µs", ",.0f"),
     ("row_lock_wait_ms", "row-lock wait ms", ",.0f"),
+    ("row_lock_hold_us_per_request", "row-lock hold µs", ",.1f"),
     ("projected_per_redis_shard", "per Redis shard /s", ",.0f"),
     ("projected_per_mysql_row", "per MySQL row /s", ",.0f"),
+    ("projected_per_row_lock", "per row lock /s", ",.0f"),
 ]
 # The HTTP runs as a user lives them: every request's cause, latency, and the generator's CPU.
 HTTP_COLUMNS: list[tuple[str, str, str]] = [
@@ -195,9 +197,14 @@ How to read it:
   everybody at the ping's pace, plus a second).
 - **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
   time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
-  the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting,
-  not holding); the combiner's mean batch; and the grabs/s one Redis shard or one activity
-  row could take if the client side were free (10⁶ / its µs per request).
+  the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting);
+  the row-lock hold per request (strategies/holds.py: from the return of the statement that
+  locked the activity row to the return of the COMMIT, summed over the grab transactions, by
+  the client's clock: an upper bound, since a thread under load wakes late after each
+  statement, which the server does not wait for); the combiner's mean batch;
+  and the grabs/s one Redis shard or one activity row could take if the client side were
+  free (10⁶ / its µs per request), the row's both by MySQL's CPU and by its lock hold (a
+  lower bound, from the upper bound of the hold).
 - **Over HTTP**: every grab request by cause: the contract's answers (`shed`: a `contended`
   given at once because the activity's line in that web process was full), `throttled` (429),
   `outcome_unknown` (503), other `5xx`, `client_timeout` and `connection_error` (no answer

@@ -33,6 +33,10 @@ class WorkerReport:
     session_reads: int = 0  # statements spent measuring that
     cpu_seconds: float = 0.0
     batch_sizes: Counter[int] = field(default_factory=Counter)  # strategies/combiner.py
+    # Grab transactions that held the activity row, and for how long (strategies/holds.py).
+    lock_holds: int = 0
+    lock_hold_seconds: float = 0.0
+    lock_hold_longest: float = 0.0
     # time.monotonic is CLOCK_MONOTONIC: one clock for every process on the machine.
     first_start: float | None = None
     last_end: float | None = None
@@ -49,6 +53,9 @@ class WorkerReport:
         self.session_reads += other.session_reads
         self.cpu_seconds += other.cpu_seconds
         self.batch_sizes.update(other.batch_sizes)
+        self.lock_holds += other.lock_holds
+        self.lock_hold_seconds += other.lock_hold_seconds
+        self.lock_hold_longest = max(self.lock_hold_longest, other.lock_hold_longest)
         if other.first_start is not None:
             self.first_start = min(self.first_start or other.first_start, other.first_start)
         if other.last_end is not None:
@@ -115,13 +122,21 @@ class BenchResult:
     mysql_cpu_us_per_request: float | None
     row_lock_wait_ms: int | None
     row_lock_waits: int | None
+    # How long grab transactions held the activity row (strategies/holds.py), from the
+    # statement that locked it to COMMIT by the client's clock (an upper bound: a loaded client
+    # wakes late after each statement): µs per request, mean and longest per transaction.
+    row_lock_hold_us_per_request: float | None
+    row_lock_hold_mean_ms: float | None
+    row_lock_hold_max_ms: float | None
     # Batches of the combiner (strategies/combiner.py): size -> batches; empty when unbatched.
     batch_sizes: dict[int, int]
     mean_batch: float | None
     # Grabs/s one Redis shard / one activity row could take if the client side were free:
-    # 1e6 / (Redis CPU µs per request), 1e6 / (MySQL CPU µs per request).
+    # 1e6 / (Redis CPU µs per request), 1e6 / (MySQL CPU µs per request); and the row's bound
+    # from its lock: 1e6 / (µs the row is held per request).
     projected_per_redis_shard: float | None
     projected_per_mysql_row: float | None
+    projected_per_row_lock: float | None
     settled: bool
     settle_seconds: float
     audit_ok: bool

@@ -40,10 +40,13 @@ SHOWN = [
     ("redis_evalsha_us_per_request", "  of which in EVALSHA"),
     ("mysql_cpu_us_per_request", "MySQL CPU µs/request"),
     ("row_lock_wait_ms", "InnoDB row-lock wait ms"),
+    ("row_lock_hold_us_per_request", "row-lock hold µs/request"),
+    ("row_lock_hold_mean_ms", "  mean per transaction ms"),
     ("mean_batch", "mean batch"),
     ("batch_sizes", "batch sizes (size: batches)"),
     ("projected_per_redis_shard", "projected grabs/s per Redis shard"),
     ("projected_per_mysql_row", "projected grabs/s per MySQL row"),
+    ("projected_per_row_lock", "  by its lock hold"),
     ("settle_seconds", "settle (persist lag) s"),
     ("audit_ok", "audit ok"),
 ]
