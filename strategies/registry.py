@@ -52,6 +52,22 @@ def health() -> tuple[float | None, dict[str, object]]:
     return max(lags, default=None), sections
 
 
+def state_lost() -> str | None:
+    """Why some open activities have lost the state their strategy keeps outside MySQL, or None;
+    asked once per implementation (strategies sharing a mechanism share its answer)."""
+    asked = []
+    for name in names():
+        strategy = get(name)
+        probe = type(strategy).state_lost
+        if probe in asked:
+            continue
+        asked.append(probe)
+        reason = strategy.state_lost()
+        if reason is not None:
+            return reason
+    return None
+
+
 def allowed(name: str) -> bool:
     """Configured, exact on this database, and safe unless unsafe strategies are allowed."""
     return name in settings.REDPACK_STRATEGIES and unavailable_reason(name) is None
