@@ -336,6 +336,10 @@ def extend_web_ui(environment: Environment) -> None:
         if request.path.endswith("/stats/requests") and response.is_json:
             body = response.get_json()
             body["extended_stats"] = [{"key": AUDIT_TAB, "data": audit_rows(environment)}]
+            if auditing():
+                # The audit runs once the runner says stopped, and the page stops asking for
+                # stats when it sees stopped: until the verdict is in, it keeps asking.
+                body["state"] = STATE_RUNNING
             response.set_data(json.dumps(body))
         return response
 
@@ -366,6 +370,10 @@ def extend_web_ui(environment: Environment) -> None:
     )
 
 
+def auditing() -> bool:
+    return lab.stopping and not lab.audited.is_set()
+
+
 def audit_rows(environment: Environment) -> list[dict[str, str]]:
     """The Audit tab: the verdict, then every outcome with its share of the requests."""
     summary = lab.summary
@@ -374,7 +382,13 @@ def audit_rows(environment: Environment) -> list[dict[str, str]]:
             STATE_SPAWNING,
             STATE_RUNNING,
         )
-        verdict = "running: audited when the test stops" if running else "no run yet"
+        verdict = (
+            "auditing…"
+            if auditing()
+            else "running: audited when the test stops"
+            if running
+            else "no run yet"
+        )
         outcomes, requests_total = dict(lab.outcomes), sum(lab.outcomes.values()) + lab.failures
         rows = [{"item": "verdict", "value": verdict}]
     else:

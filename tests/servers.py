@@ -14,6 +14,19 @@ from pathlib import Path
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"  # screenshots of the browser tests (gitignored)
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# Headless, and nothing that reaches out (the browser tests run without the internet).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
