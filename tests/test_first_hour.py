@@ -8,7 +8,6 @@ goes to artifacts/first-hour-*.png.
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +19,16 @@ from django.test import override_settings
 
 from redpack.lab.users import bench_users_ensure, bench_users_write_csv
 
-from .servers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ROOT, free_port, gunicorn, service_env
+from .servers import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    ROOT,
+    free_port,
+    gunicorn,
+    service_env,
+    wait_until_answers,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BURST = 40  # grabs of the burst, on an activity of 50 packets
@@ -169,15 +177,7 @@ def locust_ui(web: str, users_csv: Path) -> Iterator[str]:
     )
     ui = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(ui, timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("Locust's web UI did not come up") from None
-                time.sleep(0.3)
+        wait_until_answers(ui, process, "Locust's web UI")
         yield ui
     finally:
         process.terminate()
