@@ -19,6 +19,7 @@ also how the tests play "MySQL and Redis unreachable" without stopping anybody's
 """
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -33,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,6 +339,32 @@ def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -
     return lines
 
 
+@contextlib.contextmanager
+def own_terminal_group() -> Iterator[None]:
+    """Make this process (and so honcho and its processes) the terminal's foreground process
+    group, `make` left out of it: a Ctrl-C reaches only them, they stop, this returns 0, and make
+    exits 0 instead of dying of the same SIGINT (`make: *** [run] Interrupt` / `Error 130`).
+    Without a terminal nothing changes. The terminal is given back on the way out."""
+    try:
+        fd = sys.stdin.fileno()
+        previous = os.tcgetpgrp(fd) if os.isatty(fd) else None
+        if previous is not None:
+            os.setpgid(0, 0)
+    except (OSError, ValueError):
+        previous = None
+    if previous is None:
+        yield
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may now take it
+    try:
+        os.tcsetpgrp(fd, os.getpgrp())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, previous)
+        signal.signal(signal.SIGTTOU, old)
+
+
 def run(args: argparse.Namespace) -> int:
     import environ
 
@@ -502,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "redis":
         return serve_embedded_redis()
     try:
-        return run(args)
+        with own_terminal_group():
+            return run(args)
     except KeyboardInterrupt:  # Ctrl-C before honcho started: nothing to stop, nothing failed
         return 0
 
