@@ -5,6 +5,12 @@ a scenario. No Django here: the scenarios talk HTTP only, and the local audit ru
 `manage.py audit` as a subprocess. Figures use the lab's one definition of each
 (redpack/lab/stats.py, plain Python), as the direct bench does.
 
+Strategies: `--strategy` offers the ones the server allows (GET /api/strategies/, asked again
+each time the web UI's page loads), and a run on any other is refused before a request is sent:
+by argparse on the command line, by the web UI's /swarm, and at test start. The web UI's "Audit"
+tab shows the run's outcomes (the `contended` share among them) and the auditor's verdict; the
+summary with the audit downloads as JSON (Download Data).
+
 Counting: a grab answered 200 (grabbed, already_grabbed, sold_out, closed) or 409 (contended)
 is a *success* for Locust, reported under `grab: <outcome>`; contended is counted and shown
 on its own row but is not a failure, because it is a valid answer of the contract ("nothing
@@ -108,6 +114,7 @@ class Lab:
     workers_done: int = 0
     finishing: bool = False
     waited_for_persistence: bool = False
+    summary: dict[str, Any] | None = None  # the run's summary and audit, once it stopped
     gate: gevent.event.Event = field(default_factory=gevent.event.Event)  # all users spawned
     # test_stop can fire twice (the run-time limit racing the last user), and a second quit
     # ends the process: the first test_stop audits, `quitting` waits for it.
@@ -149,6 +156,52 @@ class Scenario:
     packets: int = 100
 
 
+STRATEGIES_TIMEOUT = 3.0  # seconds to wait for the server's /api/strategies/
+DEFAULT_STRATEGY = "pessimistic"
+known_strategies: list[str] = []  # the server's allowed strategies, as last seen
+
+
+def server_strategies(host: str, authorization: str) -> list[str] | None:
+    """The strategies the server at `host` allows (remembered in known_strategies); None when
+    it does not say."""
+    if not host:
+        return None
+    try:
+        response = requests.get(
+            f"{host.rstrip('/')}/api/strategies/",
+            headers={"Authorization": authorization},
+            timeout=STRATEGIES_TIMEOUT,
+        )
+        rows = response.json() if response.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        rows = None
+    if not isinstance(rows, list):
+        return None
+    known_strategies[:] = [row["name"] for row in rows if row.get("allowed")]
+    return list(known_strategies)
+
+
+def first_authorization(options: Any) -> str:
+    """The sender's token, else the first bench user's: who asks the server for its strategies."""
+    if getattr(options, "sender_token", ""):
+        return str(options.sender_token)
+    try:
+        with open(options.users_csv, newline="") as handle:
+            return next(csv.DictReader(handle))["authorization"]
+    except (OSError, StopIteration, KeyError):
+        return ""
+
+
+def refusal(strategy: str, host: str, authorization: str) -> str | None:
+    """Why a run on `strategy` must not start (asked of the server now), or None."""
+    allowed = server_strategies(host, authorization)
+    if allowed is None:
+        return f"the server at {host or '(no host)'} does not list its strategies"
+    if strategy not in allowed:
+        return f"strategy {strategy!r} is not available on {host}: use {', '.join(allowed)}"
+    return None
+
+
 def add_arguments(parser: Any, scenario: Scenario) -> None:
     # Straight on the parser: argument groups do not take include_in_web_ui / is_secret.
     parser.add_argument(
@@ -170,7 +223,18 @@ def add_arguments(parser: Any, scenario: Scenario) -> None:
     )
     if scenario.name == "ping":
         return
-    parser.add_argument("--strategy", default="pessimistic", help="Grab strategy of the activity.")
+    strategy = parser.add_argument(
+        "--strategy",
+        default=DEFAULT_STRATEGY,
+        help="Grab strategy of the activity: one the server allows (/api/strategies/).",
+    )
+    # The server's list as the choices (the web UI shows a dropdown): asked with the host and
+    # token the command line gives; when the server does not answer yet, the last list seen.
+    known, _ = parser.parse_known_args()
+    allowed = server_strategies(known.host or "", first_authorization(known)) or known_strategies
+    if allowed:
+        strategy.choices = list(allowed)
+        strategy.default = DEFAULT_STRATEGY if DEFAULT_STRATEGY in allowed else allowed[0]
     parser.add_argument(
         "--allocation",
         default="double_average",
@@ -206,6 +270,8 @@ def register(scenario: Scenario) -> None:
     @events.init.add_listener
     def _(environment: Environment, **kwargs: Any) -> None:
         runner = environment.runner
+        if environment.web_ui is not None and scenario.name != "ping":
+            extend_web_ui(environment)
         if isinstance(runner, MasterRunner):
             runner.register_message(SUMMARY_MESSAGE, _on_worker_summary)
             runner.register_message(DONE_MESSAGE, lambda msg, **kw: _on_worker_done(environment))
@@ -240,6 +306,125 @@ def register(scenario: Scenario) -> None:
             lab.audited.wait(timeout=900)
 
 
+AUDIT_TAB = "audit"
+
+
+def extend_web_ui(environment: Environment) -> None:
+    """/swarm refuses a strategy the server does not allow; an "Audit" tab; the summary as JSON."""
+    web_ui = environment.web_ui
+    assert web_ui is not None
+    from flask import Response, jsonify, request
+
+    @web_ui.app.before_request
+    def refuse_unknown_strategy() -> Any:
+        if request.method != "POST" or not request.path.endswith("/swarm"):
+            return None
+        options = environment.parsed_options
+        host = request.form.get("host") or environment.host or ""
+        problem = refusal(
+            request.form.get("strategy", getattr(options, "strategy", "")),
+            host,
+            first_authorization(options),
+        )
+        if problem is None:
+            return None
+        logger.error("run refused: %s", problem)
+        return jsonify({"success": False, "message": f"Not started: {problem}", "host": host})
+
+    @web_ui.app.after_request
+    def add_audit(response: Any) -> Any:
+        if request.path.endswith("/stats/requests") and response.is_json:
+            body = response.get_json()
+            body["extended_stats"] = [{"key": AUDIT_TAB, "data": audit_rows(environment)}]
+            if auditing():
+                # The audit runs once the runner says stopped, and the page stops asking for
+                # stats when it sees stopped: until the verdict is in, it keeps asking.
+                body["state"] = STATE_RUNNING
+            response.set_data(json.dumps(body))
+        return response
+
+    @web_ui.app.route("/redpack/summary.json")
+    def summary_json() -> Any:
+        if lab.summary is None:
+            return Response("no run has finished yet", status=404, mimetype="text/plain")
+        return Response(
+            json.dumps(lab.summary, indent=2),
+            mimetype="application/json",
+            headers={"Content-Disposition": "attachment; filename=redpack-summary.json"},
+        )
+
+    web_ui.template_args.update(
+        extended_tabs=[{"title": "Audit", "key": AUDIT_TAB}],
+        extended_tables=[
+            {
+                "key": AUDIT_TAB,
+                "structure": [
+                    {"key": "item", "title": "Audit"},
+                    {"key": "value", "title": "Result"},
+                ],
+            }
+        ],
+        extended_csv_files=[
+            {"href": "./redpack/summary.json", "title": "The run's summary and audit (JSON)"}
+        ],
+    )
+
+
+def auditing() -> bool:
+    return lab.stopping and not lab.audited.is_set()
+
+
+def audit_rows(environment: Environment) -> list[dict[str, str]]:
+    """The Audit tab: the verdict, then every outcome with its share of the requests."""
+    summary = lab.summary
+    if summary is None:
+        running = environment.runner is not None and environment.runner.state in (
+            STATE_SPAWNING,
+            STATE_RUNNING,
+        )
+        verdict = (
+            "auditing…"
+            if auditing()
+            else "running: audited when the test stops"
+            if running
+            else "no run yet"
+        )
+        outcomes, requests_total = dict(lab.outcomes), sum(lab.outcomes.values()) + lab.failures
+        rows = [{"item": "verdict", "value": verdict}]
+    else:
+        outcomes, requests_total = summary.get("outcomes", {}), summary.get("requests") or 0
+        violations = summary.get("violations") or []
+        if summary.get("audit_ok"):
+            verdict = "clean: no oversell, no duplicate, every `grabbed` answer recorded"
+        elif summary.get("audit_ok") is None and not violations:
+            verdict = "not audited (--audit off)"
+        else:
+            verdict = f"VIOLATED: {len(violations)} violations"
+        rows = [
+            {"item": "verdict", "value": verdict},
+            {"item": "strategy", "value": str(summary.get("strategy"))},
+            {"item": "activities", "value": ", ".join(map(str, summary.get("activities", [])))},
+            {"item": "requests", "value": f"{requests_total:,}"},
+        ]
+        rows += [{"item": "violation", "value": v} for v in violations]
+    for outcome in OUTCOMES:
+        count = outcomes.get(outcome, 0)
+        rows.append({"item": outcome, "value": f"{count:,} ({percent(count, requests_total)})"})
+    if summary is not None:
+        rows += [
+            {"item": "failures", "value": f"{summary.get('failures', 0):,}"},
+            {"item": "unanswered", "value": f"{summary.get('unanswered', 0):,}"},
+            {"item": "oversold", "value": str(summary.get("oversold"))},
+            {"item": "duplicates", "value": str(summary.get("duplicates"))},
+        ]
+    return rows
+
+
+def percent(count: int, total: int) -> str:
+    value = share(count, total)
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
 def cpu_seconds() -> float:
     """This Locust process's own CPU time (user + system): the load generator's cost."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -264,6 +449,14 @@ def _start(environment: Environment, scenario: Scenario) -> None:
     lab.sender, lab.identities = sender, grabbers
     if isinstance(runner, WorkerRunner):
         lab.activity_id = getattr(options, "redpack_activity_id", None)
+        return
+    problem = scenario.name != "ping" and refusal(
+        options.strategy, environment.host or "", sender.authorization
+    )
+    if problem:  # the web UI and argparse refuse first; this is the last line
+        logger.error("run refused: %s", problem)
+        environment.process_exit_code = 2
+        gevent.spawn(runner.quit if options.headless else runner.stop)
         return
     # Custom attributes of parsed_options travel to the workers with the spawn message.
     if isinstance(runner, MasterRunner):
@@ -391,6 +584,7 @@ def _stop(environment: Environment, scenario: Scenario) -> None:
             )
             summary["audit_ok"] = False
     path = getattr(environment.parsed_options, "summary_json", "")
+    lab.summary = summary
     if path:
         Path(path).write_text(json.dumps(summary, indent=2))
     logger.info(

@@ -4,20 +4,24 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from strategies import registry
 
 from . import expiry, selectors, services, validation
 from .allocation import Allocation
 from .errors import RedpackError
+from .lab import report
 from .lab.stats import histogram_buckets
 from .models import (
     UNRESOLVED_FAILURES,
     Activity,
-    GrabDetail,
     PersistFailure,
     PersistFailureStatus,
     Refund,
@@ -69,27 +73,22 @@ class ActivitySendForm(forms.ModelForm):
         return data
 
 
-class GrabDetailInline(admin.TabularInline):
-    model = GrabDetail
-    fields = ["user", "amount", "redpack", "created_at"]
-    readonly_fields = ["user", "amount", "redpack", "created_at"]
-    extra = 0
-    can_delete = False
-    show_change_link = False
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+GRABS_PER_PAGE = 25  # the activity page's grabs, newest first, a page at a time
+LIVE_SECONDS = 2  # how often an open activity's page asks for its progress and grabs
 
 
 @admin.register(Activity)
 class ActivityAdmin(admin.ModelAdmin):
+    """Activities are sent here (through services.activity_send) and then only watched: their
+    pages are read-only; progress and grabs refresh in place (`live/`), "expire now" asks first."""
+
     actions = ["expire_now"]
     list_display = [
         "id",
         "sender",
         "strategy",
         "allocation",
-        "status",
+        "state",
         "progress",
         "surplus_amount",
         "total_amount",
@@ -98,21 +97,12 @@ class ActivityAdmin(admin.ModelAdmin):
     ]
     list_filter = ["strategy", "status", "allocation"]
     search_fields = ["id", "sender__username"]
-    inlines = [GrabDetailInline]
-    readonly_fields = [
-        "sender",
-        "total_amount",
-        "surplus_amount",
-        "total_count",
-        "surplus_count",
-        "strategy",
-        "allocation",
-        "status",
-        "version",
-        "created_at",
-        "expires_at",
-        "waiting_to_persist",
+    fieldsets = [
+        (None, {"fields": ["sender", "strategy", "allocation", "total_amount", "total_count"]}),
+        ("Dates", {"fields": ["created_at", "expires_at"]}),
+        ("Internals", {"fields": ["status", "version", "waiting_to_persist"]}),
     ]
+    readonly_fields = ["waiting_to_persist"]
 
     @admin.display(description="waiting to persist")
     def waiting_to_persist(self, activity: Activity) -> str:
@@ -125,15 +115,39 @@ class ActivityAdmin(admin.ModelAdmin):
             return "— (written before the answer)"
         return f"{pending.waiting} in Redis, {pending.failed} failed"
 
+    @admin.display(description="state")
+    def state(self, activity: Activity) -> str:
+        return selectors.activity_state(activity)
+
     @admin.display(description="refunded")
     def refunded(self, activity: Activity) -> str:
         refund = getattr(activity, "refund", None)
         return f"{refund.amount} ({refund.count})" if refund else "—"
 
+    @admin.display(description="grabbed / total")
+    def progress(self, activity: Activity) -> str:
+        grabbed = selectors.activity_grabbed_count(activity)
+        return format_html(
+            '<progress max="{}" value="{}"></progress> {} / {}',
+            activity.total_count,
+            grabbed,
+            grabbed,
+            activity.total_count,
+        )
+
     @admin.action(description="Expire now and refund the sender", permissions=["expire"])
-    def expire_now(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
+    def expire_now(self, request: HttpRequest, queryset):  # type: ignore[no-untyped-def]
+        """Asks first (a page listing what each refund would return), then expires."""
+        if request.POST.get("confirmed") != "yes":
+            return self.expire_confirmation(request, list(queryset))
+        self.expire(request, queryset)
+        return None
+
+    def expire(self, request: HttpRequest, activities) -> None:  # type: ignore[no-untyped-def]
         refunded = 0
-        for activity in queryset.exclude(status="refunded"):
+        for activity in activities:
+            if selectors.activity_state(activity) == selectors.ActivityState.REFUNDED:
+                continue
             try:
                 services.activity_expire(activity_id=activity.pk, force=True)
                 refunded += 1
@@ -141,15 +155,35 @@ class ActivityAdmin(admin.ModelAdmin):
                 self.message_user(request, str(exc), messages.WARNING)
         self.message_user(request, f"{refunded} activities expired and refunded.")
 
+    def expire_confirmation(self, request: HttpRequest, activities: list) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Expire now and refund the sender?",
+            "opts": self.model._meta,
+            "activities": [(a, selectors.activity_state(a)) for a in activities],
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/redpack/activity/expire_confirmation.html", context)
+
+    def expire_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The activity page's "Expire now" button: asks on GET, expires on POST."""
+        if not self.has_expire_permission(request):
+            raise PermissionDenied
+        activity = self.get_object(request, object_id)
+        if activity is None:
+            raise Http404(f"activity {object_id} does not exist")
+        if request.method == "POST":
+            self.expire(request, [activity])
+            return HttpResponseRedirect(
+                reverse("admin:redpack_activity_change", args=[activity.pk])
+            )
+        return self.expire_confirmation(request, [activity])
+
     def has_expire_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("redpack.expire_activity")
 
     def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).select_related("sender", "refund")
-
-    @admin.display(description="grabbed / total")
-    def progress(self, activity: Activity) -> str:
-        return f"{selectors.activity_grabbed_count(activity)} / {activity.total_count}"
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
@@ -163,15 +197,15 @@ class ActivityAdmin(admin.ModelAdmin):
             ]
         return super().get_form(request, obj, change, **kwargs)
 
+    def get_fieldsets(self, request, obj=None):  # type: ignore[no-untyped-def]
+        if obj is None:
+            return [(None, {"fields": list(self.get_form(request).base_fields)})]
+        return self.fieldsets
+
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         return self.readonly_fields if obj is not None else []
 
-    def get_inlines(self, request, obj):  # type: ignore[no-untyped-def]
-        return self.inlines if obj is not None else []
-
     def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
-        if change:
-            return  # activities are immutable once sent; state changes only through grabs
         data = form.cleaned_data
         created = services.activity_send(
             sender_id=request.user.pk,
@@ -184,29 +218,97 @@ class ActivityAdmin(admin.ModelAdmin):
         obj.pk = created.pk
         obj.refresh_from_db()
 
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # activities are immutable once sent: state changes only through grabs
+
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):  # type: ignore[no-untyped-def]
+        activity = self.get_object(request, object_id)
+        context = {
+            **(extra_context or {}),
+            **(self.live_context(request, activity) if activity else {}),
+            "can_expire": self.has_expire_permission(request),
+        }
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def live_context(self, request: HttpRequest, activity: Activity) -> dict[str, Any]:
+        """What the activity page shows and `live/` refreshes: state, progress, rate, refund,
+        a page of grabs (newest first)."""
+        grabbed = selectors.activity_grabbed_count(activity)
+        grabs = selectors.activity_grabs(
+            activity_id=activity.pk,
+            viewer_id=int(request.user.pk),  # type: ignore[arg-type]
+            viewer_is_staff=True,
+            newest_first=True,
+        )
+        page = Paginator(grabs, GRABS_PER_PAGE).get_page(request.GET.get("page"))
+        rate = selectors.activity_grab_rate(activity_id=activity.pk)
+        state = selectors.activity_state(activity)
+        return {
+            "activity": activity,
+            "state": state,
+            "live": state == selectors.ActivityState.OPEN,
+            "live_seconds": LIVE_SECONDS,
+            "grabbed": grabbed,
+            "percent": round(100 * grabbed / activity.total_count),
+            "rate": None if rate is None else f"{rate:,.1f}",
+            "refund": getattr(activity, "refund", None),
+            "redis_state": self.redis_state(activity, state),
+            "page": page,
+        }
+
+    def redis_state(self, activity: Activity, state: str) -> str | None:
+        """Why this open activity's grabs cannot be answered now (its Redis state is lost)."""
+        if state != selectors.ActivityState.OPEN or not registry.get(activity.strategy).rebuildable:
+            return None
+        try:
+            return registry.get(activity.strategy).state_lost()
+        except Exception as exc:  # noqa: BLE001 - shown on the page
+            return f"unknown: {exc}"
+
+    def live_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        activity = self.get_object(request, object_id)
+        if activity is None:
+            raise Http404(f"activity {object_id} does not exist")
+        context = self.live_context(request, activity)
+        return TemplateResponse(request, "admin/redpack/activity/live.html", context)
 
     def get_urls(self):  # type: ignore[no-untyped-def]
         view = self.admin_site.admin_view
         return [
             path("report/", view(self.report_view), name="redpack_activity_report"),
             path("report/chart.png", view(self.report_chart), name="redpack_activity_chart"),
+            path("<path:object_id>/live/", view(self.live_view), name="redpack_activity_live"),
+            path(
+                "<path:object_id>/expire/", view(self.expire_view), name="redpack_activity_expire"
+            ),
             *super().get_urls(),
         ]
 
     def report_view(self, request: HttpRequest) -> HttpResponse:
-        """The latest `make compare` (reports/compare.json and .png): table and chart."""
-        report = REPORTS / "compare.json"
-        data = json.loads(report.read_text()) if report.exists() else {}
+        """The latest `make compare` (reports/compare.json and .png) when this machine made it,
+        else a word saying none has run here (and the committed one, marked as another
+        machine's); figures as percentages, a recommendation per workload."""
+        report_file = REPORTS / "compare.json"
+        data = json.loads(report_file.read_text()) if report_file.exists() else {}
+        results = data.get("results", [])
+        headers, rows = report.shown_rows(results)
+        without_redis = [n for n in registry.names() if not registry.get(n).uses_redis]
         context = {
             **self.admin_site.each_context(request),
             "title": "Latest comparison",
             "opts": self.model._meta,
             "context": data.get("context", {}),
+            "here": report.measured_here(data.get("context", {})),
+            "machine": report.this_machine(),
             "ceilings": data.get("ceilings", []),
-            "results": data.get("results", []),
-            **http_runs(data.get("results", [])),
+            "headers": headers,
+            "rows": rows,
+            "results": results,
+            "recommendations": report.recommendations(results, without_redis=without_redis),
+            **http_runs(results),
         }
         return TemplateResponse(request, "admin/redpack/report.html", context)
 

@@ -1,6 +1,7 @@
-"""What /healthz reports: the database, Redis, the Celery broker, the worker heartbeat, persist lag.
+"""What /healthz reports: the database, Redis (and the state open activities keep there), the
+Celery broker, the worker heartbeat, persist lag.
 
-Anyone may ask /healthz: it says `ok`, `degraded` or `down` and nothing else, from four probes
+Anyone may ask /healthz: it says `ok`, `degraded` or `down` and nothing else, from five probes
 that cost the same however many activities there are, taken at most once per CACHE_SECONDS per
 process. The details (each probe's result and error text, the persist lag and the strategies'
 sections, whose cost grows with the activities) are for staff: /healthz/details.
@@ -10,6 +11,9 @@ sections, whose cost grows with the activities) are for staff: /healthz/details.
   one down means `degraded`, still 200, since grabs are answered.
 - the worker heartbeat is a beat task every REDPACK_HEARTBEAT_SECONDS that a worker runs: it
   proves beat, broker and a worker together. Older than STALE_BEATS intervals: stale.
+- Redis state: open activities whose strategy keeps state in Redis must find it there; a Redis
+  restarted without its data lost it (GrabStrategy.state_lost: one read while nothing is lost).
+  Lost means `degraded`: those grabs answer `contended` until `manage.py redis_rebuild`.
 - persist lag: how long the oldest acknowledged grab has waited for the database, the largest
   over the strategies that write later (GrabStrategy.health); null while none does. Beside it,
   the sections those strategies add (redis_queue_async's `persist`: grabs waiting and the
@@ -99,10 +103,22 @@ def check_worker(age: float | None) -> str:
     return "ok"
 
 
+def check_redis_state(database: str, redis_: str) -> str:
+    if database != "ok" or redis_ != "ok":
+        return "unknown: the database or Redis is down"
+    try:
+        lost = registry.state_lost()
+    except Exception as exc:  # noqa: BLE001
+        return _error(exc)
+    return "ok" if lost is None else f"lost: {lost}"
+
+
 def checks(age: float | None) -> dict[str, str]:
+    database, redis_ = check_database(), check_redis()
     return {
-        "database": check_database(),
-        "redis": check_redis(),
+        "database": database,
+        "redis": redis_,
+        "redis_state": check_redis_state(database, redis_),
         "broker": check_broker(),
         "worker": check_worker(age),
     }
@@ -111,7 +127,7 @@ def checks(age: float | None) -> dict[str, str]:
 def judge(results: dict[str, str]) -> tuple[str, int]:
     if results["database"] != "ok" or results["redis"] != "ok":
         return "down", 503
-    if results["broker"] != "ok" or results["worker"] != "ok":
+    if any(results[name] != "ok" for name in ("redis_state", "broker", "worker")):
         return "degraded", 200
     return "ok", 200
 

@@ -19,6 +19,7 @@ also how the tests play "MySQL and Redis unreachable" without stopping anybody's
 """
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -33,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,14 @@ class Backends:
     @property
     def embedded(self) -> bool:
         return self.database_url.startswith("sqlite:") or self.embedded_redis is not None
+
+    @property
+    def embedded_parts(self) -> str:
+        """What runs embedded, for the pages' ribbon (REDPACK_EMBEDDED); empty: nothing."""
+        parts = [self.database_note] if self.database_url.startswith("sqlite:") else []
+        if self.embedded_redis is not None:
+            parts.append(self.redis_note)
+        return "; ".join(parts)
 
 
 def _host_port(target: str, default_port: int) -> tuple[str, int]:
@@ -208,6 +218,8 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
         "REDPACK_WORKER_CONCURRENCY": str(args.worker_concurrency),
         "REDPACK_LOCUST_HOST": args.host,
         "REDPACK_LOCUST_PORT": str(args.locust_port),
+        "REDPACK_LOCUST_URL": locust_url(args) if (ROOT / LOCUSTFILE).exists() else "",
+        "REDPACK_EMBEDDED": backends.embedded_parts,
         "REDPACK_USERS_CSV": str(RUN_DIR / "bench-users.csv"),
         "LOG_FORMAT": os.environ.get("LOG_FORMAT", "plain"),  # people read `make run`
         "PYTHONUNBUFFERED": "1",  # log lines reach honcho as they happen
@@ -216,6 +228,10 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
         values["REDPACK_EMBEDDED_REDIS"] = backends.embedded_redis
         values["REDPACK_EMBEDDED_REDIS_PORT"] = str(backends.embedded_redis_port)
     return values
+
+
+def locust_url(args: argparse.Namespace) -> str:
+    return f"http://{args.host}:{args.locust_port}/"
 
 
 def write_env(values: dict[str, str]) -> None:
@@ -298,13 +314,15 @@ def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -
         else "your DATABASE_URL's users; `manage.py createsuperuser` makes one"
     )
     lines = [
+        f"  start     {web}/   (what this is, and links to everything below)",
         f"  admin     {web}/admin/   ({login})",
         f"  API docs  {web}/api/docs/",
         f"  API       {web}/api/   (token: POST /api/token/ with username and password)",
         f"  health    {web}/healthz",
+        f"  report    {web}/admin/redpack/activity/report/   (strategies measured here)",
     ]
     if with_locust:
-        lines.append(f"  Locust    http://{args.host}:{args.locust_port}/   ({LOCUSTFILE})")
+        lines.append(f"  Locust    {locust_url(args)}   ({LOCUSTFILE})")
     else:
         lines.append(f"  Locust    off: {LOCUSTFILE} is not in this checkout")
     lines += [
@@ -319,6 +337,32 @@ def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -
         )
     lines.append("  Ctrl-C stops every process.")
     return lines
+
+
+@contextlib.contextmanager
+def own_terminal_group() -> Iterator[None]:
+    """Make this process (and so honcho and its processes) the terminal's foreground process
+    group, `make` left out of it: a Ctrl-C reaches only them, they stop, this returns 0, and make
+    exits 0 instead of dying of the same SIGINT (`make: *** [run] Interrupt` / `Error 130`).
+    Without a terminal nothing changes. The terminal is given back on the way out."""
+    try:
+        fd = sys.stdin.fileno()
+        previous = os.tcgetpgrp(fd) if os.isatty(fd) else None
+        if previous is not None:
+            os.setpgid(0, 0)
+    except (OSError, ValueError):
+        previous = None
+    if previous is None:
+        yield
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may now take it
+    try:
+        os.tcsetpgrp(fd, os.getpgrp())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, previous)
+        signal.signal(signal.SIGTTOU, old)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -362,12 +406,18 @@ def run(args: argparse.Namespace) -> int:
 
     # A terminal's Ctrl-C reaches honcho itself; a signal sent to this process alone is passed
     # on. Either way honcho stops every process (SIGTERM, SIGKILL after 5 s) and then exits.
+    asked_to_stop = threading.Event()
+
     def pass_on(signum: int, frame: object) -> None:
+        asked_to_stop.set()
         honcho.send_signal(signum)
 
     signal.signal(signal.SIGINT, pass_on)
     signal.signal(signal.SIGTERM, pass_on)
     code = honcho.wait()
+    if asked_to_stop.is_set():
+        say("stopped")
+        return 0  # stopping was asked for: not a failure (make would say `Error 130`)
     say(f"stopped (honcho exited with {code})")
     return code
 
@@ -386,6 +436,12 @@ def announce(
         if health and health.get("status") in {"ok", "degraded"}:
             if not seeded:
                 seeded = True
+                try:
+                    # An embedded Redis without its data (fakeredis, restarted) forgot the open
+                    # activities' state: rebuilt from the database before anybody grabs.
+                    command("redis_rebuild", if_lost=True)
+                except Exception as exc:  # noqa: BLE001 - /healthz and the admin say degraded
+                    say(f"redis_rebuild failed: {exc!r}")
                 try:
                     command("seed_demo")
                 except Exception as exc:  # noqa: BLE001 - the stack runs on without a demo
@@ -474,9 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "redis":
         return serve_embedded_redis()
     try:
-        return run(args)
-    except KeyboardInterrupt:  # Ctrl-C before honcho started: nothing to stop
-        return 130
+        with own_terminal_group():
+            return run(args)
+    except KeyboardInterrupt:  # Ctrl-C before honcho started: nothing to stop, nothing failed
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """Reads that need care: existence and permission checks, the one "grabbed count", and the
 per-process memory of each activity's strategy."""
 
-from datetime import datetime
+from collections.abc import Collection
+from datetime import datetime, timedelta
+from enum import StrEnum
 from functools import lru_cache
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.db.models import Count, Max, Min, QuerySet
+from django.utils import timezone
 
 from .errors import Forbidden, NotFound
-from .models import Activity, GrabDetail, Refund
+from .models import Activity, ActivityStatus, GrabDetail, Refund
 
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
@@ -35,17 +39,14 @@ def activity_get(*, activity_id: int) -> Activity:
 
 
 def activity_grabs(
-    *, activity_id: int, viewer_id: int, viewer_is_staff: bool
+    *, activity_id: int, viewer_id: int, viewer_is_staff: bool, newest_first: bool = False
 ) -> QuerySet[GrabDetail]:
     """Who grabbed what in an activity: for its sender and for staff only."""
     activity = activity_get(activity_id=activity_id)
     if activity.sender_id != viewer_id and not viewer_is_staff:
         raise Forbidden("only the sender and staff see who grabbed what")
-    return (
-        GrabDetail.objects.filter(activity=activity)
-        .select_related("user")
-        .order_by("created_at", "id")
-    )
+    order = ("-created_at", "-id") if newest_first else ("created_at", "id")
+    return GrabDetail.objects.filter(activity=activity).select_related("user").order_by(*order)
 
 
 def user_grabs(*, user_id: int) -> QuerySet[GrabDetail]:
@@ -56,8 +57,53 @@ def user_refunds(*, user_id: int) -> QuerySet[Refund]:
     return Refund.objects.filter(activity__sender_id=user_id).order_by("-created_at", "-id")
 
 
+class ActivityState(StrEnum):
+    """What an activity is, as people say it (its `status` column only says open, closed or
+    refunded, and stays open once sold out until it expires)."""
+
+    OPEN = "open"
+    SOLD_OUT = "sold out"
+    EXPIRED = "expired"  # past its expiry (or expired now), the refund not yet written
+    REFUNDED = "refunded"  # expired with packets left, which went back to the sender
+
+
+def activity_state(activity: Activity, *, now: datetime | None = None) -> ActivityState:
+    """Sold out wins: every packet was grabbed, whatever happened after (its refund is 0)."""
+    refund = getattr(activity, "refund", None)
+    if activity_grabbed_count(activity) == activity.total_count:
+        return ActivityState.SOLD_OUT
+    if refund is not None:
+        return ActivityState.REFUNDED
+    if activity.status != ActivityStatus.OPEN or activity.expires_at <= (now or timezone.now()):
+        return ActivityState.EXPIRED
+    return ActivityState.OPEN
+
+
+def activity_grab_rate(*, activity_id: int) -> float | None:
+    """Grabs per second from the activity's first grab to its last (None below two grabs)."""
+    span = GrabDetail.objects.filter(activity_id=activity_id).aggregate(
+        first=Min("created_at"), last=Max("created_at"), count=Count("id")
+    )
+    if span["count"] < 2:
+        return None
+    seconds = (span["last"] - span["first"]).total_seconds()
+    return span["count"] / seconds if seconds > 0 else None
+
+
 def activity_grabbed_count(activity: Activity) -> int:
     """Packets users hold: what left the surplus, less what the refund gave back (the API's
     `grabbed_count` and the admin's progress both show this)."""
     refund = getattr(activity, "refund", None)
     return activity.total_count - activity.surplus_count - (refund.count if refund else 0)
+
+
+def activities_with_live_state(*, strategies: Collection[str]) -> QuerySet[Activity]:
+    """Open activities of these strategies whose state outside MySQL should still be there: it
+    lives until REDPACK_REDIS_STATE_GRACE after the expiry (uses the (status, expires_at)
+    index), newest first."""
+    grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
+    return Activity.objects.filter(
+        strategy__in=strategies,
+        status=ActivityStatus.OPEN,
+        expires_at__gt=timezone.now() - grace,
+    ).order_by("-pk")

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework_simplejwt",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "redpack.apps.RedpackConfig",
 ]
 
@@ -87,6 +88,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "redpack.context_processors.run_mode",
             ],
         },
     },
@@ -256,6 +258,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI's files from drf-spectacular-sidecar (static files), not a CDN: works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "redpack.api.schema.no_null_characters",
@@ -320,6 +326,11 @@ REDPACK_FINISHED_MAX_HOLDERS = env.int("REDPACK_FINISHED_MAX_HOLDERS", default=2
 # one more is answered 409 contended (reason shed) with Retry-After.
 REDPACK_GRAB_LINE = env.int("REDPACK_GRAB_LINE", default=2 * REDPACK_BATCH_MAX)
 REDPACK_SHED_RETRY_AFTER = env.int("REDPACK_SHED_RETRY_AFTER", default=1)
+# Written by `make run` (redpack/launch.py) into .run/run.env: the Locust UI's URL, linked from
+# the landing page (empty: no link), and what runs embedded (SQLite, embedded Redis), shown as a
+# ribbon on every page (empty: nothing embedded).
+REDPACK_LOCUST_URL = env.str("REDPACK_LOCUST_URL", default="")
+REDPACK_EMBEDDED = env.str("REDPACK_EMBEDDED", default="")
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

@@ -2,8 +2,10 @@ from django.contrib import admin
 from django.urls import include, path
 
 from redpack.api.views import HealthDetailsView, healthz
+from redpack.views import home
 
 urlpatterns = [
+    path("", home, name="home"),
     path("admin/", admin.site.urls),
     path("api/", include("redpack.api.urls")),
     path("healthz", healthz, name="healthz"),

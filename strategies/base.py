@@ -13,6 +13,8 @@ looks at a strategy's class:
 - background_tasks(): periodic work the Celery tasks run (a persister, its crash recovery).
 - retry_failed_write(failure_id=): the admin's retry of a grab that failed to reach MySQL.
 - rebuild(activity_id=): rewrite state kept outside MySQL from MySQL (`rebuildable`).
+- state_lost(): why open activities have lost that state (Redis restarted empty), or None;
+  /healthz says `degraded` meanwhile.
 - audit(activity): strategy-specific invariant checks (e.g. Redis agrees with MySQL).
 - holders(activity_id=): who holds a packet (the fast answers of a sold-out activity).
 - raw_grab(cursor, activity_id=, user_id=): the grab's own statements on a plain DB-API
@@ -100,6 +102,9 @@ class GrabStrategy:
     safe: ClassVar[bool] = True  # False: oversells under contention, refused unless allowed
     # Keeps state outside MySQL (Redis) that rebuild() can rewrite from MySQL.
     rebuildable: ClassVar[bool] = False
+    # Needs Redis to grab (its state or a lock); False: MySQL alone decides (the report's
+    # "MySQL only" recommendation).
+    uses_redis: ClassVar[bool] = False
     # Optional: raw_grab(cursor, *, activity_id, user_id) -> None (see the module docstring).
     raw_grab: Callable[..., None] | None = None
 
@@ -145,6 +150,13 @@ class GrabStrategy:
     def rebuild(self, *, activity_id: int) -> None:
         """Rewrite the activity's state kept outside MySQL from MySQL; idempotent."""
         raise NotRebuildable(f"{self.name} keeps no state outside MySQL")
+
+    def state_lost(self) -> str | None:
+        """Why open activities of the strategies sharing this implementation have lost the state
+        they keep outside MySQL (Redis restarted empty), or None. Called by /healthz at most
+        once a second per process, so it must cost the same however many activities there are
+        (one Redis read while nothing is lost)."""
+        return None
 
     def holders(self, *, activity_id: int, at_most: int) -> Holders | None:
         """Who holds a packet of the activity (redpack/finished.py answers a sold-out

@@ -68,6 +68,7 @@ class DistributedLockStrategy(GrabStrategy):
     name = "distributed_lock"
     label = "Redis lock per activity"
     tradeoff = "Grabs of an activity queue on one Redis lock; a fenced UPDATE covers lock expiry."
+    uses_redis = True
 
     def prepare(self, activity: Activity) -> None:
         """Nothing to prepare: the lock is created by the first grab and expires on its own."""

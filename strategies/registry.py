@@ -32,24 +32,42 @@ def background_tasks(task: str) -> list[BackgroundTask]:
     return found
 
 
+def once_per_implementation(method: str) -> list[GrabStrategy]:
+    """One configured strategy per distinct implementation of `method`: strategies that share
+    a mechanism (and so its method) are asked once."""
+    seen: list[object] = []
+    found = []
+    for name in names():
+        strategy = get(name)
+        implementation = getattr(type(strategy), method)
+        if implementation not in seen:
+            seen.append(implementation)
+            found.append(strategy)
+    return found
+
+
 def health() -> tuple[float | None, dict[str, object]]:
     """The largest persist lag of the configured strategies (None: none writes behind) and the
     sections they add to /healthz, merged by key; one reading per implementation, so that two
     names of one mechanism report the same figures."""
     lags: list[float] = []
     sections: dict[str, object] = {}
-    probed = []
-    for name in names():
-        strategy = get(name)
-        probe = type(strategy).health
-        if probe in probed:
-            continue
-        probed.append(probe)
+    for strategy in once_per_implementation("health"):
         reading = strategy.health()
         if reading is not None:
             lags.append(reading.persist_lag)
             sections.update(reading.sections)
     return max(lags, default=None), sections
+
+
+def state_lost() -> str | None:
+    """Why some open activities have lost the state their strategy keeps outside MySQL, or None;
+    asked once per implementation (strategies sharing a mechanism share its answer)."""
+    for strategy in once_per_implementation("state_lost"):
+        reason = strategy.state_lost()
+        if reason is not None:
+            return reason
+    return None
 
 
 def allowed(name: str) -> bool:

@@ -14,6 +14,19 @@ from pathlib import Path
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"  # screenshots of the browser tests (gitignored)
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# Headless, and nothing that reaches out (the browser tests run without the internet).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def free_port() -> int:
@@ -42,6 +55,20 @@ def service_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def wait_until_answers(url: str, process: subprocess.Popen, what: str) -> None:
+    """Until `url` answers 200; RuntimeError when `process` died or after a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not come up") from None
+            time.sleep(0.2)
+
+
 @contextmanager
 def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
     """A gunicorn serving the app on a free port; yields its base URL."""
@@ -66,16 +93,7 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("gunicorn did not come up") from None
-                time.sleep(0.2)
+        wait_until_answers(f"{base}/healthz", process, "gunicorn")
         yield base
     finally:
         process.terminate()

@@ -5,11 +5,13 @@ import time
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.test import override_settings
 from django_redis import get_redis_connection
 from rest_framework.test import APIClient
 
-from redpack import health, tasks
+from redpack import health, services, tasks
+from strategies import registry
 
 from .dummy_strategies import DUMMIES
 
@@ -51,6 +53,7 @@ def test_without_a_worker_heartbeat_it_is_degraded_but_serving(healthz):
     assert body["checks"] == {
         "database": "ok",
         "redis": "ok",
+        "redis_state": "ok",
         "broker": "ok",
         "worker": "no heartbeat yet",
     }
@@ -137,3 +140,40 @@ def test_details_are_for_staff_only(make_users):
     client = APIClient()
     client.force_authenticate(user)
     assert client.get("/healthz/details").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_open_activities_without_their_redis_state_are_degraded_until_rebuilt(
+    healthz, sender, make_users
+):
+    """A Redis restarted without its data (embedded fakeredis) forgot the open activities:
+    /healthz says degraded (their grabs answer contended) until `redis_rebuild --if-lost`."""
+    tasks.heartbeat()
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="redis_counter"
+    )
+    assert healthz()[1]["status"] == "ok"
+    get_redis_connection("default").flushdb()  # what a restart of an in-memory Redis leaves
+    tasks.heartbeat()
+    code, body = healthz()
+    assert (code, body["status"]) == (200, "degraded")
+    assert body["checks"]["redis_state"].startswith("lost: Redis holds no state for 1 open")
+    assert f"({activity.pk})" in body["checks"]["redis_state"]
+    health.forget_verdict()
+    assert anonymous() == (200, {"status": "degraded"})
+    (grabber,) = make_users(1)
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=grabber.pk).outcome == "contended"
+    )
+
+    call_command("redis_rebuild", "--if-lost")
+    assert healthz()[1]["checks"]["redis_state"] == "ok"
+    health.forget_verdict()
+    assert anonymous() == (200, {"status": "ok"})
+    assert services.activity_grab(activity_id=activity.pk, user_id=grabber.pk).outcome == "grabbed"
+
+
+def test_the_redis_state_probe_is_one_read_while_nothing_is_lost(django_assert_num_queries):
+    assert registry.state_lost() is None  # a fresh Redis: checked once, then remembered
+    with django_assert_num_queries(0):
+        assert registry.state_lost() is None

@@ -147,3 +147,49 @@ def test_settings_accept_sqlite_with_immediate_transactions(tmp_path):
     assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
     assert db["OPTIONS"]["timeout"] > 0
     assert "charset" not in db["OPTIONS"] and "isolation_level" not in db["OPTIONS"]
+
+
+STOPS_ON_CTRL_C = """
+import signal, sys, threading
+from redpack.launch import own_terminal_group
+stop = threading.Event()
+signal.signal(signal.SIGINT, lambda *_: stop.set())
+with own_terminal_group():
+    print("ready", flush=True)
+    stop.wait(60)
+print("stopped", flush=True)
+"""
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_stack_and_not_make(tmp_path):
+    """`make run` in a terminal: Ctrl-C stops the launcher, which exits 0, and make with it
+    (without the terminal's foreground, make would die of the SIGINT: `Error 130`)."""
+    import pty
+    import select
+
+    (tmp_path / "stack.py").write_text(STOPS_ON_CTRL_C)
+    (tmp_path / "Makefile").write_text(f"run:\n\t{sys.executable} stack.py\n")
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: a shell on the terminal, as a person's
+        os.chdir(tmp_path)
+        os.environ["PYTHONPATH"] = str(ROOT)
+        os.execvp("bash", ["bash", "-c", "make -s run; echo make-exit=$?"])
+    seen = b""
+
+    def read_until(text: bytes) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 60
+        while text not in seen and time.monotonic() < deadline:
+            if select.select([terminal], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(terminal, 1024)
+                except OSError:
+                    break
+
+    read_until(b"ready")
+    os.write(terminal, b"\x03")  # Ctrl-C: the terminal signals its foreground process group
+    read_until(b"make-exit=")
+    os.waitpid(pid, 0)
+    output = seen.decode(errors="replace")
+    assert "stopped" in output and "make-exit=0" in output, output
+    assert "Error" not in output and "Interrupt" not in output

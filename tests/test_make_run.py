@@ -13,6 +13,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -30,17 +31,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from .servers import ROOT, free_port
+from .servers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ROOT, free_port
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 FIRST_RUN_TIMEOUT = 900  # creates the virtualenv
 READY = "redpack is ready"
 # The stack of the first run keeps its packet state and broker here, apart from the tests' own.
@@ -181,6 +173,11 @@ class Stack:
                 break
             time.sleep(0.2)
         assert survivors == {}, f"still running after Ctrl-C: {survivors}"
+        # Stopping was asked for: `make run` itself exits 0 (no `make: *** [run] Error 130`).
+        # In a terminal only it takes the foreground (launch.own_terminal_group), so make exits
+        # 0 too; here, without one, the SIGINT sent to the whole group reaches make as well.
+        assert "run     | stopped\n" in self.output() and "Error 130" not in self.output()
+        assert self.process.returncode in (0, -signal.SIGINT), self.output()[-2000:]
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -231,8 +228,19 @@ def send(stack: Stack, token: str, *, amount: str, count: int) -> int:
     return int(activity["id"])
 
 
+def check_banner_links(stack: Stack) -> None:
+    """Every URL the ready banner prints answers (the admin's through its login page)."""
+    banner = stack.output().split(READY, 1)[1]
+    urls = re.findall(r"(http://127\.0\.0\.1:\d+/\S*)", banner)
+    assert f"{stack.web}/" in urls and f"{stack.web}/api/docs/" in urls
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200, url
+
+
 def check_serving(stack: Stack) -> None:
     """The admin login page, a grab over the API, the Locust UI, the process list."""
+    check_banner_links(stack)
     with urllib.request.urlopen(f"{stack.web}/admin/login/", timeout=10) as response:
         assert response.status == 200 and b"Django administration" in response.read()
     token = admin_token(stack)
@@ -283,8 +291,8 @@ def check_admin_in_a_browser(stack: Stack) -> None:
             assert grab["outcome"] == "grabbed"
             page.reload()
             expect(row).to_contain_text("1 / 8")
-            (ROOT / "artifacts").mkdir(exist_ok=True)
-            page.screenshot(path=str(ROOT / "artifacts" / "admin.png"), full_page=True)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "admin.png"), full_page=True)
         finally:
             browser.close()
 

@@ -2,6 +2,7 @@
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from redpack import selectors, services
@@ -26,7 +27,32 @@ def test_grabbed_count_is_one_number_for_the_api_and_the_admin(sender, make_user
     from_api = client.get(f"/api/activities/{activity.pk}/").json()["grabbed_count"]
     from_admin = ActivityAdmin(Activity, None).progress(activity)  # type: ignore[arg-type]
     assert selectors.activity_grabbed_count(activity) == from_api == 2
-    assert from_admin == "2 / 5"
+    assert from_admin.endswith("</progress> 2 / 5")
+
+
+def test_state_is_what_people_call_it(sender, make_users):
+    """Sold out wins over expired (its refund is 0); expired until the refund is written."""
+
+    def send(count: int) -> Activity:
+        return services.activity_send(
+            sender_id=sender.pk,
+            total_amount=f"{count}.00",
+            total_count=count,
+            strategy="pessimistic",
+        )
+
+    def state(activity: Activity) -> str:
+        return selectors.activity_state(selectors.activity_get(activity_id=activity.pk))
+
+    sold_out, expired, refunded = send(1), send(2), send(3)
+    assert state(sold_out) == "open"
+    services.activity_grab(activity_id=sold_out.pk, user_id=make_users(1)[0].pk)
+    services.activity_expire(activity_id=sold_out.pk, force=True)
+    assert state(sold_out) == "sold out"
+    Activity.objects.filter(pk=expired.pk).update(expires_at=timezone.now())
+    assert state(expired) == "expired"
+    services.activity_expire(activity_id=refunded.pk, force=True)
+    assert state(refunded) == "refunded"
 
 
 def test_who_grabbed_what_is_for_the_sender_and_staff(sender, make_users):

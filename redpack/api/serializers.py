@@ -9,6 +9,7 @@ from redpack.allocation import Allocation
 from redpack.models import Activity, GrabDetail, Refund
 from redpack.selectors import activity_grabbed_count
 from redpack.validation import DEFAULT_EXPIRES_IN, send_limits
+from strategies import registry
 from strategies.base import Outcome
 
 MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
@@ -45,6 +46,19 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrategyField(serializers.ChoiceField):
+    """The strategies a send may name; one configured but not available here is refused with
+    the reason (registry.unavailable_reason) rather than "not a valid choice"."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if isinstance(data, str) and data not in self.choices and data in registry.names():
+            raise serializers.ValidationError(
+                f"{data!r} is not available here: {registry.unavailable_reason(data)}",
+                code="unavailable",
+            )
+        return super().to_internal_value(data)
+
+
 class ActivityCreateSerializer(serializers.Serializer):
     """The shape of a send; its rules are validation.activity_send_validate's, which the
     service applies (and whose bounds the fields show)."""
@@ -56,7 +70,7 @@ class ActivityCreateSerializer(serializers.Serializer):
         fields = super().get_fields()
         limits = send_limits()
         fields["total_count"] = StrictIntegerField(min_value=1, max_value=limits.max_count)
-        fields["strategy"] = serializers.ChoiceField(choices=limits.strategies)
+        fields["strategy"] = StrategyField(choices=limits.strategies)
         fields["allocation"] = serializers.ChoiceField(
             choices=limits.allocations, default=Allocation.DOUBLE_AVERAGE.value
         )

@@ -5,6 +5,7 @@ from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 from . import views
 
 urlpatterns = [
+    path("", views.ApiRootView.as_view(), name="api-root"),
     path("activities/", views.ActivityCreateView.as_view(), name="activity-create"),
     path("activities/<int:pk>/", views.ActivityDetailView.as_view(), name="activity-detail"),
     path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),

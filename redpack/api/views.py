@@ -4,11 +4,12 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
-from rest_framework.permissions import IsAdminUser
+from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -36,6 +37,20 @@ from .throttles import RedpackThrottle
 def user_id(request: Request) -> int:
     """The authenticated user's id (every view here requires authentication)."""
     return int(request.user.pk)  # type: ignore[arg-type,union-attr]
+
+
+class ApiRootView(APIView):
+    """Where the API's endpoints are, for anyone (the docs describe each)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[type] = []
+
+    @extend_schema(exclude=True)
+    def get(self, request: Request) -> Response:
+        names = ["docs", "schema", "token-obtain", "token-refresh", "strategies"]
+        names += ["activity-create", "my-grabs", "my-refunds"]
+        endpoints = {name: reverse(name) for name in names}
+        return Response({"endpoints": endpoints, "health": reverse("healthz")})
 
 
 class ActivityCreateView(APIView):

@@ -471,6 +471,7 @@ class Compare:
             "command": c.command,
             "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": _git_commit(),
+            "machine": report.this_machine(),
             "cpus": cpus,
             "load_before": load_before,
             "concurrency": c.concurrency,

@@ -5,7 +5,11 @@ Input is plain data: result rows (one per strategy and run) and ceilings, as com
 them, so the writer can be tested and rerun on saved results (reports/compare.json).
 """
 
-from collections.abc import Sequence
+import os
+import platform
+import socket
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +132,109 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
     if fmt == "generator":
         return (row.get(key), row.get("generator_bound"))
     return row.get(key)
+
+
+def shown_cell(value: Any, fmt: str) -> tuple[str, bool]:
+    """A cell as a web page shows it: the markdown cell's text, and whether it is flagged (the
+    markdown's bold: an oversold count, a failed audit, a generator-bound run)."""
+    text = cell(value, fmt)
+    return text.replace("**", ""), "**" in text
+
+
+def shown_rows(
+    results: Sequence[dict[str, Any]], columns: list | None = None
+) -> tuple[list[str], list[list[tuple[str, bool]]]]:
+    """Headers and cells of results_table, for a web page (shares as percentages)."""
+    columns = columns or _columns(results)
+    rows = [[shown_cell(_value(r, key, fmt), fmt) for key, _, fmt in columns] for r in results]
+    return [header for _, header, _ in columns], rows
+
+
+MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+def this_machine() -> dict[str, Any]:
+    """Which machine measured: compare writes it into the report's context, and the admin
+    shows a report as this machine's only when the ids match (a committed report comes from
+    another machine). The id is the OS's machine id, else the host name."""
+    host = socket.gethostname()
+    machine_id = next(
+        (f.read_text().strip() for f in MACHINE_ID_FILES if f.is_file() and f.stat().st_size),
+        host,
+    )
+    return {
+        "id": machine_id,
+        "host": host,
+        "cpus": os.cpu_count() or 1,
+        "platform": platform.platform(terse=True),
+    }
+
+
+def measured_here(context: dict[str, Any]) -> bool:
+    return (context.get("machine") or {}).get("id") == this_machine()["id"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    runs: tuple[str, ...]  # the first of these the report has is the one compared
+    figure: str  # a result row's key
+    unit: str
+    higher_is_better: bool = True
+    without_redis: bool = False  # only strategies that need no Redis
+
+
+WORKLOADS = (
+    Workload("Few packets, many users", ("bench hot", "HTTP hot"), "requests_per_s", "req/s"),
+    Workload("Many packets", ("bench throughput", "HTTP throughput"), "grabs_per_s", "grabs/s"),
+    Workload(
+        "MySQL only (no Redis)",
+        ("bench throughput", "HTTP throughput"),
+        "grabs_per_s",
+        "grabs/s",
+        without_redis=True,
+    ),
+    Workload("One grab at a time", ("bench lone",), "p50_ms", "ms p50", higher_is_better=False),
+)
+
+
+def recommendations(
+    results: Sequence[dict[str, Any]], *, without_redis: Collection[str]
+) -> list[dict[str, Any]]:
+    """For each workload, the safe strategy with a clean audit that did best in the report's
+    run for it, and by how much it beat the next one: computed from the figures."""
+    found = []
+    for workload in WORKLOADS:
+        run = next((r for r in workload.runs if any(x.get("run") == r for x in results)), None)
+        rows = [
+            r
+            for r in results
+            if r.get("run") == run
+            and r.get("safe", True)
+            and r.get("audit_ok")
+            and r.get(workload.figure) is not None
+            and (not workload.without_redis or r["strategy"] in without_redis)
+        ]
+        rows.sort(key=lambda r: r[workload.figure], reverse=workload.higher_is_better)
+        entry: dict[str, Any] = {"workload": workload.name, "run": run, "strategy": None}
+        if rows:
+            best = rows[0]
+            entry.update(strategy=best["strategy"], figure=_figure(best, workload))
+            if len(rows) > 1:
+                second = rows[1]
+                low, high = sorted((best[workload.figure], second[workload.figure]))
+                entry.update(
+                    runner_up=second["strategy"],
+                    runner_up_figure=_figure(second, workload),
+                    ratio=f"{high / low:.1f}×" if low else "–",
+                )
+        found.append(entry)
+    return found
+
+
+def _figure(row: dict[str, Any], workload: Workload) -> str:
+    value = row[workload.figure]
+    return f"{value:,.2f} {workload.unit}" if value < 10 else f"{value:,.0f} {workload.unit}"
 
 
 def histogram_table(rows: Sequence[dict[str, Any]]) -> str:

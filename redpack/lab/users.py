@@ -53,7 +53,9 @@ def bench_users_write_csv(*, user_ids: Sequence[int], path: str | Path, ttl: tim
     """Write `username,authorization` rows, in the order of `user_ids`."""
     User = get_user_model()
     with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
+        # `\n` line ends (the csv module's default is `\r\n`): `cut -d, -f2` of a row is a
+        # header value curl can send as it is.
+        writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(["username", "authorization"])
         for start in range(0, len(user_ids), CHUNK):
             chunk = user_ids[start : start + CHUNK]

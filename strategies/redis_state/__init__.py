@@ -37,12 +37,14 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
+from .. import registry
 from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, TooMany
 from ..combiner import Combiner
 from ..lua import redis_client, script
 from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
 from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs, split_held
+from .presence import state_lost
 from .rebuild import Recorded, install
 from .rows import Won, write_grab, write_grabs
 
@@ -61,6 +63,7 @@ class RedisStateStrategy(GrabStrategy):
     """A grab is decided by one Lua script in Redis, then written to MySQL before the answer."""
 
     rebuildable = True
+    uses_redis = True
     # How lua/grab.lua takes a packet: "pop" a pre-split one, or "draw" the amount.
     takes: ClassVar[str] = "pop"
     batched: ClassVar[bool] = True  # False: one grab per round trip (the seeds' way)
@@ -245,6 +248,10 @@ class RedisStateStrategy(GrabStrategy):
                 len(users),
             )
         self.install(activity_id)
+
+    def state_lost(self) -> str | None:
+        """presence.py: one read while every open activity's state is in Redis."""
+        return state_lost(strategies=[n for n in registry.names() if registry.get(n).rebuildable])
 
     def run_grab(self, activity_id: int, user_id: int, attempt: str) -> GrabReply:
         """Run the grab script for one attempt alone (keys.run_grabs settles a lost reply)."""

@@ -194,6 +194,18 @@ def test_strategies_list(sender):
     assert all(row["label"] and row["tradeoff"] for row in rows)
 
 
+def test_a_strategy_not_available_here_is_refused_with_the_reason(sender):
+    """`unsafe` is configured but not allowed (REDPACK_ALLOW_UNSAFE_STRATEGIES is off)."""
+    response = send(client_for(sender), strategy="unsafe")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    (message,) = error["fields"]["strategy"]
+    assert "not available here" in message and "REDPACK_ALLOW_UNSAFE_STRATEGIES" in message
+    unknown = send(client_for(sender), strategy="pessimistc").json()["error"]["fields"]
+    assert "is not a valid choice" in unknown["strategy"][0]
+    assert not Activity.objects.exists()
+
+
 def test_schema_docs_and_healthz_are_public():
     schema = APIClient().get("/api/schema/?format=json")
     assert schema.status_code == 200

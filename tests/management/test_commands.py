@@ -14,6 +14,7 @@ def test_create_bench_users_writes_working_tokens(tmp_path, sender):
     out = tmp_path / "users.csv"
     call_command("create_bench_users", "--count", "25", "--output", str(out))
     call_command("create_bench_users", "--count", "30", "--output", str(out))  # reuses 25
+    assert b"\r" not in out.read_bytes()  # a row cut with `cut -d, -f2` is a header for curl
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 30
     assert get_user_model().objects.filter(username__startswith="bench").count() == 30

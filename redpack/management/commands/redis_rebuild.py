@@ -1,10 +1,7 @@
-from datetime import timedelta
-
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from redpack.models import Activity, ActivityStatus
+from redpack import selectors
+from redpack.models import Activity
 from strategies import registry
 from strategies.base import NotRebuildable
 
@@ -17,8 +14,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--activity", type=int, help="Rebuild only this activity id.")
+        parser.add_argument(
+            "--if-lost",
+            action="store_true",
+            help="Only when open activities have lost their Redis state (what /healthz checks); "
+            "`make run` runs this at start, so an embedded Redis that forgot is rebuilt.",
+        )
 
-    def handle(self, *args: object, activity: int | None, **options: object) -> None:
+    def handle(
+        self, *args: object, activity: int | None, if_lost: bool = False, **options: object
+    ) -> None:
+        if if_lost:
+            lost = registry.state_lost()
+            if lost is None:
+                self.stdout.write("the Redis state of every open activity is there")
+                return
+            self.stdout.write(lost)
         redis_strategies = {
             name: strategy
             for name in registry.names()
@@ -34,10 +45,7 @@ class Command(BaseCommand):
                 raise CommandError(f"activity {activity} uses {name!r}, which keeps no Redis state")
         else:
             # Older state would expire at once: its keys live until expiry plus the grace.
-            grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
-            activities = activities.filter(
-                status=ActivityStatus.OPEN, expires_at__gt=timezone.now() - grace
-            )
+            activities = selectors.activities_with_live_state(strategies=redis_strategies)
         rebuilt, refused = 0, 0
         for activity_id, name in activities.values_list("pk", "strategy").iterator():
             try:
