@@ -2,12 +2,13 @@
 per-process memory of each activity's strategy."""
 
 from datetime import datetime
+from decimal import Decimal
 from functools import lru_cache
 
 from django.db.models import QuerySet
 
 from .errors import Forbidden, NotFound
-from .models import Activity, GrabDetail, Refund
+from .models import Account, Activity, GrabDetail, JournalLine, Refund
 
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
@@ -54,6 +55,19 @@ def user_grabs(*, user_id: int) -> QuerySet[GrabDetail]:
 
 def user_refunds(*, user_id: int) -> QuerySet[Refund]:
     return Refund.objects.filter(activity__sender_id=user_id).order_by("-created_at", "-id")
+
+
+def wallet_balance(*, user_id: int) -> Decimal:
+    """The user's balance (0.00 for a user whose wallet nothing has touched yet)."""
+    balance = Account.objects.filter(user_id=user_id).values_list("balance", flat=True).first()
+    return Decimal("0.00") if balance is None else balance
+
+
+def wallet_lines(*, user_id: int) -> QuerySet[JournalLine]:
+    """The user's wallet's share of each entry, newest first."""
+    return (
+        JournalLine.objects.filter(account__user_id=user_id).select_related("entry").order_by("-id")
+    )
 
 
 def activity_grabbed_count(activity: Activity) -> int:

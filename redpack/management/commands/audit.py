@@ -4,12 +4,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redpack.audit import audit_activity
+from redpack.audit import audit_activity, audit_books
 from redpack.models import Activity
 
 
 class Command(BaseCommand):
-    help = "Check the invariants of one or all activities; exit non-zero on any violation."
+    help = (
+        "Check the invariants of one or all activities and the books; exit non-zero on any "
+        "violation."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -21,6 +24,11 @@ class Command(BaseCommand):
             "answer a client received; each listed activity is also checked against them.",
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+        parser.add_argument(
+            "--drained",
+            action="store_true",
+            help="The crediting task has caught up: every grab must be credited.",
+        )
 
     def handle(self, *args: object, **options: Any) -> None:
         activities = Activity.objects.order_by("pk")
@@ -36,9 +44,10 @@ class Command(BaseCommand):
             for activity in activities.iterator(chunk_size=500)
         ]
         failed = [r for r in reports if not r.ok]
+        books = audit_books(drained=options["drained"])
         if options["json"]:
             body = {
-                "ok": not failed,
+                "ok": not failed and books.ok,
                 "activities": len(reports),
                 "violations": sum(len(r.violations) for r in reports),
                 "reports": [
@@ -49,11 +58,20 @@ class Command(BaseCommand):
                         "grabbed": r.grabbed,
                         "oversold": r.oversold,
                         "duplicates": r.duplicates,
+                        "uncredited": r.uncredited,
                         "checks": r.checks,
                         "violations": r.violations,
                     }
                     for r in reports
                 ],
+                "books": {
+                    "ok": books.ok,
+                    "entries": books.entries,
+                    "accounts": books.accounts,
+                    "uncredited": books.uncredited,
+                    "checks": books.checks,
+                    "violations": books.violations,
+                },
             }
             self.stdout.write(json.dumps(body))
         else:
@@ -66,7 +84,14 @@ class Command(BaseCommand):
                 for violation in report.violations:
                     self.stdout.write(f"  - {violation}")
             self.stdout.write(f"{len(reports)} activities audited, {len(failed)} with violations")
-        if failed:
+            mark = "ok" if books.ok else "VIOLATED"
+            self.stdout.write(
+                f"books: {mark}, {len(books.checks)} checks, {books.entries} entries, "
+                f"{books.accounts} accounts, {books.uncredited} grabs not credited yet"
+            )
+            for violation in books.violations:
+                self.stdout.write(f"  - {violation}")
+        if failed or not books.ok:
             raise SystemExit(1)
 
     @staticmethod
