@@ -42,15 +42,16 @@ def clean_redis() -> Iterator[None]:
 
 @pytest.fixture
 def make_users(db) -> Callable[[int], list[AbstractUser]]:  # type: ignore[no-untyped-def]
-    """Users whose wallets hold REDPACK_STARTING_BALANCE, as bench and demo users do."""
+    """Users whose wallets hold REDPACK_STARTING_BALANCE, as bench and demo users do, or
+    `balance` (a decimal string; "0" for none)."""
 
-    def make(count: int, prefix: str = "user") -> list[AbstractUser]:
+    def make(count: int, prefix: str = "user", balance: str | None = None) -> list[AbstractUser]:
         User = get_user_model()
         start = User.objects.count()
         names = [f"{prefix}{start + i}" for i in range(count)]
         User.objects.bulk_create([User(username=name) for name in names])
         users = list(User.objects.filter(username__in=names).order_by("pk"))
-        ledger.wallets_top_up(user_ids=[user.pk for user in users], memo="test users")
+        ledger.wallets_top_up(user_ids=[user.pk for user in users], to=balance, memo="test users")
         return users
 
     return make
