@@ -137,3 +137,16 @@ def test_details_are_for_staff_only(make_users):
     client = APIClient()
     client.force_authenticate(user)
     assert client.get("/healthz/details").status_code == 403
+
+
+def test_details_show_the_crediting_lag(healthz, sender, make_users):
+    from redpack import ledger, services
+
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
+    )
+    for user in make_users(2, balance="0"):
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+    assert healthz()[1]["crediting"]["pending"] == 2
+    ledger.grabs_credit(batch=10, run_seconds=60)
+    assert healthz()[1]["crediting"] == {"pending": 0, "oldest_age_seconds": 0.0}
