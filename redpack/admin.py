@@ -82,6 +82,20 @@ class ActivitySendForm(forms.ModelForm):
         return data
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Written by the services only (the books, refunds, dead letters): read here, never
+    saved."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 class GrabDetailInline(admin.TabularInline):
     model = GrabDetail
     fields = ["user", "amount", "redpack", "created_at"]
@@ -241,7 +255,7 @@ class ActivityAdmin(admin.ModelAdmin):
 
 
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(ReadOnlyAdmin):
     list_display = ["activity", "sender", "amount", "count", "created_at"]
     list_select_related = ["activity__sender"]
     readonly_fields = ["activity", "amount", "count", "created_at"]
@@ -250,18 +264,9 @@ class RefundAdmin(admin.ModelAdmin):
     def sender(self, refund: Refund) -> str:
         return str(refund.activity.sender)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(PersistFailure)
-class PersistFailureAdmin(admin.ModelAdmin):
+class PersistFailureAdmin(ReadOnlyAdmin):
     """redis_queue_async's grabs that failed to reach MySQL on their own, dead letters first."""
 
     actions = ["retry"]
@@ -326,15 +331,6 @@ class PersistFailureAdmin(admin.ModelAdmin):
         context = {"persist_lag": lag, "unresolved": unresolved}
         return super().changelist_view(request, extra_context={**context, **(extra_context or {})})
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 class DepositForm(forms.Form):
     username = forms.CharField(max_length=150)
@@ -353,19 +349,6 @@ class DepositForm(forms.Form):
         except RedpackError as exc:
             raise forms.ValidationError(exc.message) from exc
         return self.cleaned_data["amount"]
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """The books are written by the services only: here they are read, never saved."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(Account)

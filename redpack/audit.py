@@ -252,35 +252,22 @@ def audit_books(*, drained: bool = False) -> BooksReport:
     report.check("no wallet or escrow below 0", negative == 0, f"{negative} accounts below 0")
     fundings = Account.objects.filter(kind=AccountKind.FUNDING).count()
     report.check("one funding account", fundings <= 1, f"{fundings} funding accounts")
-    lines = JournalLine.objects.filter(entry__kind=EntryKind.CREDIT)
-    wrong_credits = (
-        lines.filter(amount__gt=0)
-        .exclude(account__user_id=F("entry__grab__user_id"), amount=F("entry__grab__amount"))
-        .count()
-        + lines.filter(amount__lt=0)
-        .exclude(
-            account__activity_id=F("entry__grab__activity_id"), amount=-F("entry__grab__amount")
-        )
-        .count()
+    wrong_credits = _misbooked(
+        EntryKind.CREDIT,
+        source="entry__grab__activity_id",
+        target="entry__grab__user_id",
+        amount="entry__grab__amount",
     )
     report.check(
         "each credit moves its grab's amount from its escrow to its grabber",
         wrong_credits == 0,
         f"{wrong_credits} credit lines do not match their grab row",
     )
-    lines = JournalLine.objects.filter(entry__kind=EntryKind.REFUND)
-    wrong_refunds = (
-        lines.filter(amount__gt=0)
-        .exclude(
-            account__user_id=F("entry__refund__activity__sender_id"),
-            amount=F("entry__refund__amount"),
-        )
-        .count()
-        + lines.filter(amount__lt=0)
-        .exclude(
-            account__activity_id=F("entry__refund__activity_id"), amount=-F("entry__refund__amount")
-        )
-        .count()
+    wrong_refunds = _misbooked(
+        EntryKind.REFUND,
+        source="entry__refund__activity_id",
+        target="entry__refund__activity__sender_id",
+        amount="entry__refund__amount",
     )
     report.check(
         "each refund moves its record's amount from its escrow to its sender",
@@ -305,6 +292,15 @@ def audit_books(*, drained: bool = False) -> BooksReport:
             f"{report.uncredited} grabs not credited",
         )
     return report
+
+
+def _misbooked(kind: str, *, source: str, target: str, amount: str) -> int:
+    """Lines of `kind` entries that do not take `amount` out of the escrow of activity `source`
+    and put it into the wallet of user `target` (each a path from the line)."""
+    lines = JournalLine.objects.filter(entry__kind=kind)
+    into = lines.filter(amount__gt=0).exclude(account__user_id=F(target), amount=F(amount))
+    out_of = lines.filter(amount__lt=0).exclude(account__activity_id=F(source), amount=-F(amount))
+    return into.count() + out_of.count()
 
 
 def _audit_answers(activity: Activity, answers: list[tuple[int, int]], report: AuditReport) -> None:

@@ -249,7 +249,19 @@ class EntryKind(models.TextChoices):
     OPENING = "opening"  # funding -> escrow of an activity sent before the ledger existed
 
 
-class JournalEntry(models.Model):
+class Immutable(models.Model):
+    """Written once, never changed: the journal."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ValueError(f"{self._meta.verbose_name_plural} are immutable")
+        super().save(*args, **kwargs)
+
+
+class JournalEntry(Immutable):
     """One movement of money, immutable; its lines sum to 0. A credit is tied to its grab row
     and a refund to its refund record by a UNIQUE key: each is booked at most once."""
 
@@ -300,13 +312,8 @@ class JournalEntry(models.Model):
     def __str__(self) -> str:
         return f"entry #{self.pk} {self.kind}"
 
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise ValueError("journal entries are immutable")
-        super().save(*args, **kwargs)
 
-
-class JournalLine(models.Model):
+class JournalLine(Immutable):
     """One account's share of an entry: positive in, negative out."""
 
     entry = models.ForeignKey(JournalEntry, on_delete=models.PROTECT, related_name="lines")
@@ -322,8 +329,3 @@ class JournalLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} on account {self.account_id} (entry {self.entry_id})"
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise ValueError("journal lines are immutable")
-        super().save(*args, **kwargs)

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redpack.audit import audit_activity, audit_books
+from redpack.audit import Checks, audit_activity, audit_books
 from redpack.models import Activity
 
 
@@ -76,23 +76,23 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(body))
         else:
             for report in reports:
-                mark = "ok" if report.ok else "VIOLATED"
-                self.stdout.write(
-                    f"activity {report.activity_id} ({report.strategy}): {mark}, "
-                    f"{len(report.checks)} checks, {report.grabbed} grabbed"
-                )
-                for violation in report.violations:
-                    self.stdout.write(f"  - {violation}")
+                head = f"activity {report.activity_id} ({report.strategy})"
+                self._write(head, report, f"{report.grabbed} grabbed")
             self.stdout.write(f"{len(reports)} activities audited, {len(failed)} with violations")
-            mark = "ok" if books.ok else "VIOLATED"
-            self.stdout.write(
-                f"books: {mark}, {len(books.checks)} checks, {books.entries} entries, "
-                f"{books.accounts} accounts, {books.uncredited} grabs not credited yet"
+            self._write(
+                "books",
+                books,
+                f"{books.entries} entries, {books.accounts} accounts, "
+                f"{books.uncredited} grabs not credited yet",
             )
-            for violation in books.violations:
-                self.stdout.write(f"  - {violation}")
         if failed or not books.ok:
             raise SystemExit(1)
+
+    def _write(self, head: str, result: Checks, tail: str) -> None:
+        mark = "ok" if result.ok else "VIOLATED"
+        self.stdout.write(f"{head}: {mark}, {len(result.checks)} checks, {tail}")
+        for violation in result.violations:
+            self.stdout.write(f"  - {violation}")
 
     @staticmethod
     def _answers(path: object) -> dict[int, list[tuple[int, int]]]:
