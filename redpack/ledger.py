@@ -236,16 +236,17 @@ def grabs_credit(*, batch: int, run_seconds: float) -> int:
             )
             if not rows:
                 break
-            done = _credit(activity_id, rows)
+            done, short = _credit(activity_id, rows)
             credited += done
-            if done < len(rows) or len(rows) < batch:
+            if short or len(rows) < batch:
                 break
             after = rows[-1][0]
     return credited
 
 
-def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> int:
-    """One transaction: the rows (of one activity) not credited yet, each by its own entry."""
+def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int, bool]:
+    """One transaction: the rows (of one activity) not credited yet, each by its own entry.
+    Returns how many it credited, and whether the escrow fell short of the next one."""
     wallets = wallets_ensure(user_id for _, user_id, _ in rows)
     with transaction.atomic():
         escrow_id = Account.objects.filter(activity_id=activity_id).values_list("pk", flat=True)[0]
@@ -257,11 +258,10 @@ def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> int:
                 "pk", flat=True
             )
         )
-        surplus = Activity.objects.filter(pk=activity_id).values_list("surplus_amount", flat=True)[
-            0
-        ]
+        activity = Activity.objects.filter(pk=activity_id)
+        surplus = activity.values_list("surplus_amount", flat=True)[0]
         room = to_cents(locked[escrow_id].balance) - to_cents(surplus)
-        entries, moves = [], []
+        entries, moves, short = [], [], False
         for pk, user_id, amount in rows:
             cents = to_cents(amount)
             if pk not in pending:
@@ -272,14 +272,14 @@ def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> int:
                     "grab not creditable",
                     extra={"event": "credit_short", "activity": activity_id, "grab": pk},
                 )
+                short = True
                 break
             room -= cents
             entries.append(JournalEntry(kind=EntryKind.CREDIT, activity_id=activity_id, grab_id=pk))
             moves.append((wallets[user_id], cents))
-        if not entries:
-            return 0
-        _post_credits(escrow_id, entries, moves)
-    return len(entries)
+        if entries:
+            _post_credits(escrow_id, entries, moves)
+    return len(entries), short
 
 
 def _post_credits(
