@@ -3,10 +3,8 @@ and the books (redpack/ledger.py) as a whole."""
 
 from collections import Counter
 from dataclasses import dataclass, field
-from decimal import Decimal
 
-from django.db.models import Count, DecimalField, F, Q, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Q, Sum
 
 from strategies import registry
 
@@ -23,9 +21,7 @@ from .models import (
     PacketStatus,
     Refund,
 )
-from .money import from_cents, to_cents
-
-ZERO = Value(Decimal("0.00"), output_field=DecimalField(max_digits=18, decimal_places=2))
+from .money import from_cents, to_cents, total
 
 
 @dataclass
@@ -222,7 +218,7 @@ def audit_books(*, drained: bool = False) -> BooksReport:
     activity with an escrow must be credited."""
     report = BooksReport(entries=JournalEntry.objects.count(), accounts=Account.objects.count())
     unbalanced = (
-        JournalEntry.objects.annotate(n=Count("lines"), total=Coalesce(Sum("lines__amount"), ZERO))
+        JournalEntry.objects.annotate(n=Count("lines"), total=total("lines__amount"))
         .exclude(n__gte=2, total=0)
         .values_list("pk", flat=True)
     )
@@ -232,14 +228,14 @@ def audit_books(*, drained: bool = False) -> BooksReport:
         not unbalanced_ids,
         f"entries whose lines do not sum to 0: {unbalanced_ids}",
     )
-    total = Account.objects.aggregate(total=Sum("balance"))["total"] or 0
+    balances = Account.objects.aggregate(total=total("balance"))["total"]
     report.check(
         "wallets + escrows + funding = 0",
-        to_cents(total) == 0,
-        f"the accounts' balances sum to {total}",
+        to_cents(balances) == 0,
+        f"the accounts' balances sum to {balances}",
     )
     drifted = list(
-        Account.objects.annotate(lines_total=Coalesce(Sum("lines__amount"), ZERO))
+        Account.objects.annotate(lines_total=total("lines__amount"))
         .exclude(balance=F("lines_total"))
         .values_list("pk", flat=True)[:10]
     )
