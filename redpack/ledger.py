@@ -170,18 +170,12 @@ def send_debit(*, sender_id: int, total_cents: int) -> int:
         .values_list("pk", flat=True)
         .first()
     )
-    debited = (
-        wallet_id is not None
-        and Account.objects.filter(pk=wallet_id, balance__gte=from_cents(total_cents)).update(
-            balance=minus("balance", total_cents)
-        )
-        == 1
-    )
-    if not debited:
+    if wallet_id is None or not Account.objects.filter(
+        pk=wallet_id, balance__gte=from_cents(total_cents)
+    ).update(balance=minus("balance", total_cents)):
         raise InsufficientBalance(
             f"your wallet does not hold {from_cents(total_cents)}", field="total_amount"
         )
-    assert wallet_id is not None
     return wallet_id
 
 
