@@ -1,10 +1,12 @@
 import json
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -14,14 +16,18 @@ from django.utils.html import format_html
 
 from strategies import registry
 
-from . import expiry, selectors, services, validation
+from . import expiry, ledger, selectors, services, validation
 from .allocation import Allocation
 from .errors import RedpackError
 from .lab import report
 from .lab.stats import histogram_buckets
 from .models import (
     UNRESOLVED_FAILURES,
+    Account,
+    AccountKind,
     Activity,
+    JournalEntry,
+    JournalLine,
     PersistFailure,
     PersistFailureStatus,
     Refund,
@@ -57,6 +63,8 @@ class ActivitySendForm(forms.ModelForm):
             help_text="Seconds until the activity expires.",
         )
 
+    sender_id: int | None = None  # set by ActivityAdmin.get_form: the staff user sending
+
     def clean(self) -> dict:
         data = super().clean() or {}
         if not self.errors:
@@ -70,11 +78,29 @@ class ActivitySendForm(forms.ModelForm):
                 )
             except RedpackError as exc:
                 self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        if not self.errors and self.sender_id is not None:
+            balance = selectors.wallet_balance(user_id=self.sender_id)
+            if balance < data["total_amount"]:
+                self.add_error("total_amount", f"your wallet holds {balance}")
         return data
 
 
 GRABS_PER_PAGE = 25  # the activity page's grabs, newest first, a page at a time
 LIVE_SECONDS = 2  # how often an open activity's page asks for its progress and grabs
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Written by the services only (the books, refunds, dead letters): read here, never
+    saved."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(Activity)
@@ -93,6 +119,7 @@ class ActivityAdmin(admin.ModelAdmin):
         "surplus_amount",
         "total_amount",
         "refunded",
+        "escrow_balance",
         "expires_at",
     ]
     list_filter = ["strategy", "status", "allocation"]
@@ -100,9 +127,16 @@ class ActivityAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["sender", "strategy", "allocation", "total_amount", "total_count"]}),
         ("Dates", {"fields": ["created_at", "expires_at"]}),
+        ("Money", {"fields": ["escrow_balance"]}),
         ("Internals", {"fields": ["status", "version", "waiting_to_persist"]}),
     ]
-    readonly_fields = ["waiting_to_persist"]
+    readonly_fields = ["waiting_to_persist", "escrow_balance"]
+
+    @admin.display(description="escrow")
+    def escrow_balance(self, activity: Activity) -> str:
+        """What the activity's escrow holds: its surplus and the grabs not credited yet."""
+        escrow = getattr(activity, "escrow", None)
+        return "—" if escrow is None else str(escrow.balance)
 
     @admin.display(description="waiting to persist")
     def waiting_to_persist(self, activity: Activity) -> str:
@@ -183,11 +217,13 @@ class ActivityAdmin(admin.ModelAdmin):
         return request.user.has_perm("redpack.expire_activity")
 
     def get_queryset(self, request: HttpRequest):  # type: ignore[no-untyped-def]
-        return super().get_queryset(request).select_related("sender", "refund")
+        return super().get_queryset(request).select_related("sender", "refund", "escrow")
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
-            kwargs["form"] = ActivitySendForm
+            kwargs["form"] = type(
+                "ActivitySendForm", (ActivitySendForm,), {"sender_id": request.user.pk}
+            )
             kwargs["fields"] = [
                 "total_amount",
                 "total_count",
@@ -320,7 +356,7 @@ class ActivityAdmin(admin.ModelAdmin):
 
 
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(ReadOnlyAdmin):
     list_display = ["activity", "sender", "amount", "count", "created_at"]
     list_select_related = ["activity__sender"]
     readonly_fields = ["activity", "amount", "count", "created_at"]
@@ -329,18 +365,9 @@ class RefundAdmin(admin.ModelAdmin):
     def sender(self, refund: Refund) -> str:
         return str(refund.activity.sender)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(PersistFailure)
-class PersistFailureAdmin(admin.ModelAdmin):
+class PersistFailureAdmin(ReadOnlyAdmin):
     """redis_queue_async's grabs that failed to reach MySQL on their own, dead letters first."""
 
     actions = ["retry"]
@@ -405,14 +432,102 @@ class PersistFailureAdmin(admin.ModelAdmin):
         context = {"persist_lag": lag, "unresolved": unresolved}
         return super().changelist_view(request, extra_context={**context, **(extra_context or {})})
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
+
+class DepositForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    amount = forms.DecimalField(max_digits=18, decimal_places=2, min_value=Decimal("0.01"))
+    memo = forms.CharField(max_length=200, required=False)
+
+    def clean_username(self) -> int:
+        user = get_user_model().objects.filter(username=self.cleaned_data["username"]).first()
+        if user is None:
+            raise forms.ValidationError("no such user")
+        return int(user.pk)
+
+    def clean_amount(self) -> Decimal:
+        try:
+            ledger.deposit_cents(self.cleaned_data["amount"])
+        except RedpackError as exc:
+            raise forms.ValidationError(exc.message) from exc
+        return self.cleaned_data["amount"]
+
+
+@admin.register(Account)
+class AccountAdmin(ReadOnlyAdmin):
+    """Wallets, the funding account and the escrows, with the crediting lag above them and a
+    deposit page (a journal entry from the funding account) for staff allowed to deposit."""
+
+    list_display = ["id", "kind", "user", "activity", "balance"]
+    list_filter = ["kind"]
+    list_select_related = ["user"]
+    search_fields = ["user__username", "activity__id"]
+    fields = ["kind", "user", "activity", "balance"]
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        view = self.admin_site.admin_view
+        return [
+            path("deposit/", view(self.deposit_view), name="redpack_account_deposit"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
+        try:
+            lag: dict[str, Any] = ledger.crediting_lag()
+        except Exception as exc:  # noqa: BLE001 - shown on the page
+            lag = {"error": str(exc)}
+        context = {"crediting": lag, "can_deposit": self.has_deposit_permission(request)}
+        return super().changelist_view(request, extra_context={**context, **(extra_context or {})})
+
+    def has_deposit_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("redpack.deposit")
+
+    def deposit_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_deposit_permission(request):
+            raise PermissionDenied
+        form = DepositForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            ledger.wallet_deposit(
+                user_id=data["username"],
+                amount=data["amount"],
+                by_id=request.user.pk,
+                memo=data["memo"],
+            )
+            self.message_user(request, f"{data['amount']} deposited.")
+            return HttpResponseRedirect(
+                f"{reverse('admin:redpack_account_changelist')}?kind={AccountKind.WALLET}"
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Deposit into a wallet",
+            "opts": self.model._meta,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/redpack/account/deposit.html", context)
+
+
+class JournalLineInline(admin.TabularInline):
+    model = JournalLine
+    fields = ["account", "amount"]
+    readonly_fields = ["account", "amount"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+
+@admin.register(JournalEntry)
+class JournalEntryAdmin(ReadOnlyAdmin):
+    list_display = ["id", "kind", "activity_id", "grab_id", "refund_id", "created_by", "created_at"]
+    list_filter = ["kind"]
+    search_fields = ["activity__id", "lines__account__user__username"]
+    fields = ["kind", "activity_id", "grab", "refund", "created_by", "memo", "created_at"]
+    readonly_fields = ["activity_id"]
+    inlines = [JournalLineInline]
 
 
 def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:

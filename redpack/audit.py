@@ -1,4 +1,5 @@
-"""The auditor: checks the invariants of docs/design.md for one activity, once writes settled."""
+"""The auditor: checks the invariants of docs/design.md for one activity, once writes settled,
+and the books (redpack/ledger.py) as a whole."""
 
 from collections import Counter
 from dataclasses import dataclass, field
@@ -7,17 +8,24 @@ from django.db.models import Count, F, Q, Sum
 
 from strategies import registry
 
-from .models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus, Refund
-from .money import to_cents
+from .models import (
+    Account,
+    AccountKind,
+    Activity,
+    ActivityStatus,
+    EntryKind,
+    GrabDetail,
+    JournalEntry,
+    JournalLine,
+    Packet,
+    PacketStatus,
+    Refund,
+)
+from .money import from_cents, to_cents, total
 
 
 @dataclass
-class AuditReport:
-    activity_id: int
-    strategy: str
-    grabbed: int = 0
-    oversold: int = 0  # packets handed out beyond what the activity holds
-    duplicates: int = 0  # users holding more than one packet (or told `grabbed` twice)
+class Checks:
     checks: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
@@ -29,6 +37,23 @@ class AuditReport:
         self.checks.append(name)
         if not passed:
             self.violations.append(violation)
+
+
+@dataclass
+class AuditReport(Checks):
+    activity_id: int = 0
+    strategy: str = ""
+    grabbed: int = 0
+    oversold: int = 0  # packets handed out beyond what the activity holds
+    duplicates: int = 0  # users holding more than one packet (or told `grabbed` twice)
+    uncredited: int = 0  # grabs whose amount has not reached the grabber's wallet yet
+
+
+@dataclass
+class BooksReport(Checks):
+    entries: int = 0
+    accounts: int = 0
+    uncredited: int = 0
 
 
 def audit_activity(
@@ -77,6 +102,7 @@ def audit_activity(
 
     _audit_packets(activity, report)
     _audit_refund(activity, refund, surplus_cents, report)
+    _audit_escrow(activity, grabbed_cents, refunded_cents, report)
     if answers is not None:
         _audit_answers(activity, answers, report)
     strategy_violations = registry.get(activity.strategy).audit(activity)
@@ -155,6 +181,122 @@ def _audit_refund(
         activity.surplus_count == 0 and surplus_cents == 0,
         f"refund recorded but {activity.surplus_count} packets worth {surplus_cents} cents remain",
     )
+
+
+def _audit_escrow(
+    activity: Activity, grabbed_cents: int, refunded_cents: int, report: AuditReport
+) -> None:
+    """The activity's money: escrow = total − credited − refunded, credited ≤ grabbed."""
+    escrow = Account.objects.filter(activity=activity).first()
+    report.check(
+        "the send moved the total into an escrow",
+        escrow is not None,
+        "the activity has no escrow: it was sent without money",
+    )
+    if escrow is None:
+        return
+    credited = GrabDetail.objects.filter(activity=activity, credit__isnull=False).aggregate(
+        n=Count("pk"), cents=Sum("amount")
+    )
+    credited_cents = to_cents(credited["cents"] or 0)
+    report.uncredited = report.grabbed - credited["n"]
+    expected = to_cents(activity.total_amount) - credited_cents - refunded_cents
+    report.check(
+        "escrow = total − credited − refunded",
+        to_cents(escrow.balance) == expected,
+        f"escrow holds {escrow.balance}, total − credited − refunded is {from_cents(expected)}",
+    )
+    report.check(
+        "credited ≤ grabbed",
+        credited_cents <= grabbed_cents,
+        f"credited {from_cents(credited_cents)} of {from_cents(grabbed_cents)} grabbed",
+    )
+
+
+def audit_books(*, drained: bool = False) -> BooksReport:
+    """The ledger as a whole. `drained`: the crediting task has caught up, so every grab of an
+    activity with an escrow must be credited."""
+    report = BooksReport(entries=JournalEntry.objects.count(), accounts=Account.objects.count())
+    unbalanced = (
+        JournalEntry.objects.annotate(n=Count("lines"), total=total("lines__amount"))
+        .exclude(n__gte=2, total=0)
+        .values_list("pk", flat=True)
+    )
+    unbalanced_ids = list(unbalanced[:10])
+    report.check(
+        "every entry has lines that sum to 0",
+        not unbalanced_ids,
+        f"entries whose lines do not sum to 0: {unbalanced_ids}",
+    )
+    balances = Account.objects.aggregate(total=total("balance"))["total"]
+    report.check(
+        "wallets + escrows + funding = 0",
+        to_cents(balances) == 0,
+        f"the accounts' balances sum to {balances}",
+    )
+    drifted = list(
+        Account.objects.annotate(lines_total=total("lines__amount"))
+        .exclude(balance=F("lines_total"))
+        .values_list("pk", flat=True)[:10]
+    )
+    report.check(
+        "every balance is the sum of its lines",
+        not drifted,
+        f"accounts whose balance is not the sum of their lines: {drifted}",
+    )
+    negative = Account.objects.exclude(kind=AccountKind.FUNDING).filter(balance__lt=0).count()
+    report.check("no wallet or escrow below 0", negative == 0, f"{negative} accounts below 0")
+    fundings = Account.objects.filter(kind=AccountKind.FUNDING).count()
+    report.check("one funding account", fundings <= 1, f"{fundings} funding accounts")
+    wrong_credits = _misbooked(
+        EntryKind.CREDIT,
+        source="entry__grab__activity_id",
+        target="entry__grab__user_id",
+        amount="entry__grab__amount",
+    )
+    report.check(
+        "each credit moves its grab's amount from its escrow to its grabber",
+        wrong_credits == 0,
+        f"{wrong_credits} credit lines do not match their grab row",
+    )
+    wrong_refunds = _misbooked(
+        EntryKind.REFUND,
+        source="entry__refund__activity_id",
+        target="entry__refund__activity__sender_id",
+        amount="entry__refund__amount",
+    )
+    report.check(
+        "each refund moves its record's amount from its escrow to its sender",
+        wrong_refunds == 0,
+        f"{wrong_refunds} refund lines do not match their refund record",
+    )
+    twice = (
+        JournalEntry.objects.filter(kind=EntryKind.CREDIT)
+        .values("grab_id")
+        .annotate(n=Count("pk"))
+        .filter(n__gt=1)
+        .count()
+    )
+    report.check("each grab credited at most once", twice == 0, f"{twice} grabs credited twice")
+    report.uncredited = GrabDetail.objects.filter(
+        credit__isnull=True, activity__escrow__isnull=False
+    ).count()
+    if drained:
+        report.check(
+            "every grab credited",
+            report.uncredited == 0,
+            f"{report.uncredited} grabs not credited",
+        )
+    return report
+
+
+def _misbooked(kind: str, *, source: str, target: str, amount: str) -> int:
+    """Lines of `kind` entries that do not take `amount` out of the escrow of activity `source`
+    and put it into the wallet of user `target` (each a path from the line)."""
+    lines = JournalLine.objects.filter(entry__kind=kind)
+    into = lines.filter(amount__gt=0).exclude(account__user_id=F(target), amount=F(amount))
+    out_of = lines.filter(amount__lt=0).exclude(account__activity_id=F(source), amount=-F(amount))
+    return into.count() + out_of.count()
 
 
 def _audit_answers(activity: Activity, answers: list[tuple[int, int]], report: AuditReport) -> None:

@@ -34,3 +34,8 @@ class OutcomeUnknown(RedpackError):
     status = 503
     code = "outcome_unknown"
     retry_after = 1
+
+
+class InsufficientBalance(RedpackError):
+    status = 400
+    code = "insufficient_balance"

@@ -12,7 +12,9 @@
   so a stuck activity holds one entry, never a growing pile of retrying tasks.
 - The refund: the strategy closes atomically (after it every grab answers `closed`), waits for
   pending writes to settle, then under the activity row lock writes the one refund record
-  (UNIQUE per activity) and moves the status closed → refunded. Running it twice pays once.
+  (UNIQUE per activity), moves what was left from the escrow back to the sender's wallet (its
+  journal entry UNIQUE per refund record) and moves the status closed → refunded. Running it
+  twice pays once.
 """
 
 import logging
@@ -28,7 +30,7 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 
-from . import finished
+from . import finished, ledger
 from .models import Activity, ActivityStatus, Refund
 from .money import to_cents
 
@@ -134,9 +136,10 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
                         f"worth {activity.surplus_amount}, the close reported "
                         f"{closed.remaining_count} worth {closed.remaining_cents} cents"
                     )
-                Refund.objects.create(
+                refund = Refund.objects.create(
                     activity=activity, amount=activity.surplus_amount, count=activity.surplus_count
                 )
+                ledger.refund_post(refund=refund, sender_id=activity.sender_id)
                 Activity.objects.filter(pk=activity_id, status=activity.status).update(
                     status=ActivityStatus.REFUNDED, surplus_count=0, surplus_amount=0
                 )

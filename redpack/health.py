@@ -18,6 +18,8 @@ sections, whose cost grows with the activities) are for staff: /healthz/details.
   over the strategies that write later (GrabStrategy.health); null while none does. Beside it,
   the sections those strategies add (redis_queue_async's `persist`: grabs waiting and the
   oldest one's age), from the same reading.
+- crediting: grabs whose amount has not yet moved from the escrow to the grabber's wallet
+  (redpack/ledger.py), how many and the oldest one's age in seconds.
 """
 
 import threading
@@ -30,6 +32,8 @@ from django.db import connection
 from django_redis import get_redis_connection
 
 from strategies import registry
+
+from . import ledger
 
 HEARTBEAT_KEY = "rp:heartbeat:worker"
 STALE_BEATS = 4  # heartbeats missed before the worker counts as stale
@@ -159,6 +163,10 @@ def report() -> tuple[dict[str, Any], int]:
             lag, sections = registry.health()
         except Exception as exc:  # noqa: BLE001 - a strategy's probe failing is not the
             sections = {"persist": {"error": _error(exc)}}  # service failing: reported as text
+    try:
+        crediting: dict[str, Any] = ledger.crediting_lag()
+    except Exception as exc:  # noqa: BLE001 - the database being down is reported above
+        crediting = {"error": _error(exc)}
     status, code = judge(results)
     body = {
         "status": status,
@@ -167,5 +175,6 @@ def report() -> tuple[dict[str, Any], int]:
         "worker_heartbeat_age_seconds": None if age is None else round(age, 1),
         "persist_lag_seconds": None if lag is None else round(lag, 3),
         **sections,
+        "crediting": crediting,
     }
     return body, code

@@ -1,6 +1,7 @@
 """Data and constraints. Table names follow the seeds; money is DECIMAL(12, 2)."""
 
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -184,3 +185,147 @@ class PersistFailure(models.Model):
 
     def __str__(self) -> str:
         return f"grab {self.entry_id} of activity {self.activity_id} by user {self.user_id}"
+
+
+def ledger_field(**kwargs: Any) -> "models.DecimalField[Decimal, Decimal]":
+    """Balances and journal lines: wider than one activity's amount (the funding account holds
+    minus every deposit ever made), same two decimals."""
+    return models.DecimalField(max_digits=18, decimal_places=2, **kwargs)
+
+
+class AccountKind(models.TextChoices):
+    WALLET = "wallet"  # a user's money; never negative
+    ESCROW = "escrow"  # an activity's money between the send and its grabs or refund
+    FUNDING = "funding"  # the platform's one account: deposits come from it; may go negative
+
+
+class Account(models.Model):
+    """One account of the double-entry ledger. Its balance is kept in step with its journal
+    lines in the transaction that posts them (the auditor checks it is their sum)."""
+
+    kind = models.CharField(max_length=8, choices=AccountKind.choices)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="wallet",
+    )
+    activity = models.OneToOneField(
+        Activity, null=True, blank=True, on_delete=models.PROTECT, related_name="escrow"
+    )
+    balance = ledger_field(default=Decimal("0.00"))
+
+    class Meta:
+        db_table = "t_redpack_account"
+        permissions = [("deposit", "Can deposit into a wallet from the funding account")]
+        indexes = [models.Index(fields=["kind", "balance"], name="account_kind_balance")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind=AccountKind.FUNDING) | Q(balance__gte=0),
+                name="account_balance_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind=AccountKind.WALLET, user__isnull=False, activity__isnull=True)
+                | Q(kind=AccountKind.ESCROW, user__isnull=True, activity__isnull=False)
+                | Q(kind=AccountKind.FUNDING, user__isnull=True, activity__isnull=True),
+                name="account_owner_of_kind",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.kind == AccountKind.WALLET:
+            return f"wallet of user {self.user_id}"
+        if self.kind == AccountKind.ESCROW:
+            return f"escrow of activity {self.activity_id}"
+        return "platform funding"
+
+
+class EntryKind(models.TextChoices):
+    DEPOSIT = "deposit"  # funding -> wallets
+    SEND = "send"  # sender's wallet -> the activity's escrow
+    CREDIT = "credit"  # escrow -> a grabber's wallet, one entry per grab row
+    REFUND = "refund"  # escrow -> sender's wallet, the refund record's amount
+    OPENING = "opening"  # funding -> escrow of an activity sent before the ledger existed
+
+
+class Immutable(models.Model):
+    """Written once, never changed: the journal."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ValueError(f"{self._meta.verbose_name_plural} are immutable")
+        super().save(*args, **kwargs)
+
+
+class JournalEntry(Immutable):
+    """One movement of money, immutable; its lines sum to 0. A credit is tied to its grab row
+    and a refund to its refund record by a UNIQUE key: each is booked at most once."""
+
+    kind = models.CharField(max_length=8, choices=EntryKind.choices)
+    # No foreign key constraint: a crediting insert must not take a shared lock on the hot
+    # activity row, which the row-locking strategies hold for every grab.
+    activity = models.ForeignKey(
+        Activity,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    grab = models.OneToOneField(
+        GrabDetail, null=True, blank=True, on_delete=models.PROTECT, related_name="credit"
+    )
+    refund = models.OneToOneField(
+        Refund, null=True, blank=True, on_delete=models.PROTECT, related_name="entry"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The staff user who made a deposit.",
+    )
+    memo = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "t_redpack_journal_entry"
+        verbose_name_plural = "journal entries"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind=EntryKind.CREDIT, grab__isnull=False)
+                | Q(~Q(kind=EntryKind.CREDIT), grab__isnull=True),
+                name="entry_credit_has_grab",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind=EntryKind.REFUND, refund__isnull=False)
+                | Q(~Q(kind=EntryKind.REFUND), refund__isnull=True),
+                name="entry_refund_has_refund",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"entry #{self.pk} {self.kind}"
+
+
+class JournalLine(Immutable):
+    """One account's share of an entry: positive in, negative out."""
+
+    entry = models.ForeignKey(JournalEntry, on_delete=models.PROTECT, related_name="lines")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="lines")
+    amount = ledger_field()
+
+    class Meta:
+        db_table = "t_redpack_journal_line"
+        indexes = [models.Index(fields=["account", "-id"], name="line_account_recent")]
+        constraints = [
+            models.CheckConstraint(condition=~Q(amount=0), name="line_amount_nonzero"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.amount} on account {self.account_id} (entry {self.entry_id})"

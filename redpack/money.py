@@ -2,8 +2,8 @@
 
 from decimal import Decimal, InvalidOperation
 
-from django.db.models import F
-from django.db.models.functions import Round
+from django.db.models import DecimalField, F, Sum, Value
+from django.db.models.functions import Coalesce, Round
 
 CENT = Decimal("0.01")
 
@@ -31,3 +31,10 @@ def minus(field: str, cents: int) -> Round:
     drifts: 0.30 - 0.10 - 0.10 - 0.10 is -2.8e-17 there, which breaks the CHECK constraints.
     """
     return Round(F(field) - from_cents(cents), 2)
+
+
+def total(field: str) -> Round:
+    """SUM(field) of DECIMAL(…, 2) values, 0 when there are none, rounded to the cent: a no-op
+    on MySQL; SQLite sums in floating point (a million balances drift by 1e-10)."""
+    zero = Value(Decimal("0.00"), output_field=DecimalField(max_digits=18, decimal_places=2))
+    return Round(Coalesce(Sum(field), zero), 2)

@@ -3,6 +3,7 @@ per-process memory of each activity's strategy."""
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
 
@@ -11,7 +12,7 @@ from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from .errors import Forbidden, NotFound
-from .models import Activity, ActivityStatus, GrabDetail, Refund
+from .models import Account, Activity, ActivityStatus, GrabDetail, JournalLine, Refund
 
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
@@ -88,6 +89,19 @@ def activity_grab_rate(*, activity_id: int) -> float | None:
         return None
     seconds = (span["last"] - span["first"]).total_seconds()
     return span["count"] / seconds if seconds > 0 else None
+
+
+def wallet_balance(*, user_id: int) -> Decimal:
+    """The user's balance (0.00 for a user whose wallet nothing has touched yet)."""
+    balance = Account.objects.filter(user_id=user_id).values_list("balance", flat=True).first()
+    return Decimal("0.00") if balance is None else balance
+
+
+def wallet_lines(*, user_id: int) -> QuerySet[JournalLine]:
+    """The user's wallet's share of each entry, newest first."""
+    return (
+        JournalLine.objects.filter(account__user_id=user_id).select_related("entry").order_by("-id")
+    )
 
 
 def activity_grabbed_count(activity: Activity) -> int:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 
-from . import allocation, expiry, finished, selectors, shedding, validation
+from . import allocation, expiry, finished, ledger, selectors, shedding, validation
 from .errors import NotFound, RedpackError
 from .models import Activity
 from .money import from_cents
@@ -30,8 +30,14 @@ def activity_send(
     strategy: str,
     allocation_kind: str = allocation.Allocation.DOUBLE_AVERAGE,
     expires_in: int = validation.DEFAULT_EXPIRES_IN,
+    funded: bool = True,
 ) -> Activity:
-    """Create an activity and let its strategy prepare (pre-split packets, Redis state)."""
+    """Take the total from the sender's wallet into the activity's escrow, create the activity
+    and let its strategy prepare (pre-split packets, Redis state), in one transaction; a wallet
+    that does not cover the total is 400 `insufficient_balance` and nothing is written.
+
+    `funded=False` moves no money: only for the lab's ceilings, whose activity is removed right
+    after (redpack/lab/ceilings.py); the auditor reports such an activity."""
     total_cents = validation.activity_send_validate(
         total_amount=total_amount,
         total_count=total_count,
@@ -40,6 +46,9 @@ def activity_send(
         expires_in=expires_in,
     )
     with transaction.atomic():
+        wallet_id = (
+            ledger.send_debit(sender_id=sender_id, total_cents=total_cents) if funded else None
+        )
         activity = Activity.objects.create(
             sender_id=sender_id,
             total_amount=from_cents(total_cents),
@@ -50,6 +59,8 @@ def activity_send(
             allocation=allocation_kind,
             expires_at=timezone.now() + timedelta(seconds=expires_in),
         )
+        if wallet_id is not None:
+            ledger.escrow_open(activity=activity, wallet_id=wallet_id, total_cents=total_cents)
         registry.get(strategy).prepare(activity)
         transaction.on_commit(lambda: expiry.register([activity]))
     logger.info(

@@ -181,6 +181,11 @@ REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
 REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
 REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
 REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
+# Crediting grabs (redpack/ledger.py: grabs_credit): how often beat starts a run (seconds), grab
+# rows per MySQL transaction, and how long one run may go on (seconds).
+REDPACK_CREDIT_INTERVAL = env.float("REDPACK_CREDIT_INTERVAL", default=1.0)
+REDPACK_CREDIT_BATCH = env.int("REDPACK_CREDIT_BATCH", default=500)
+REDPACK_CREDIT_RUN_SECONDS = env.float("REDPACK_CREDIT_RUN_SECONDS", default=20.0)
 # Deactivated and deleted users (redpack/bans.py): seconds a web process trusts its last answer
 # for a user, and between two full re-reads of the set from MySQL.
 REDPACK_BANS_LOCAL_SECONDS = env.float("REDPACK_BANS_LOCAL_SECONDS", default=2.0)
@@ -203,6 +208,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "redpack.tasks.persist_grabs",
         "schedule": REDPACK_PERSIST_INTERVAL,
         "options": {"expires": 10 * REDPACK_PERSIST_INTERVAL},
+    },
+    "credit-grabs": {
+        "task": "redpack.tasks.credit_grabs",
+        "schedule": REDPACK_CREDIT_INTERVAL,
+        "options": {"expires": 10 * REDPACK_CREDIT_INTERVAL},
     },
     "reclaim-grabs": {
         "task": "redpack.tasks.reclaim_grabs",
@@ -308,6 +318,12 @@ REDPACK_REFUND_RETRY_MAX_SECONDS = env.float("REDPACK_REFUND_RETRY_MAX_SECONDS",
 REDPACK_SETTLE_TIMEOUT = env.float("REDPACK_SETTLE_TIMEOUT", default=10.0)
 REDPACK_MIN_EXPIRES_IN = env.int("REDPACK_MIN_EXPIRES_IN", default=1)
 REDPACK_MAX_EXPIRES_IN = env.int("REDPACK_MAX_EXPIRES_IN", default=7 * 24 * 3600)
+# Money (redpack/ledger.py), decimal strings: what bench users, the bench sender, the demo users
+# and the demo admin are topped up to when they are created or reused (default: the largest
+# total one activity may hold, so any one send succeeds; 0 turns it off), and the most one
+# deposit may add.
+REDPACK_STARTING_BALANCE = env.str("REDPACK_STARTING_BALANCE", default=REDPACK_MAX_TOTAL_AMOUNT)
+REDPACK_MAX_DEPOSIT = env.str("REDPACK_MAX_DEPOSIT", default="1000000000.00")
 # The Redis strategies keep their state in REDIS_URL, or in this Redis Cluster when set
 # (redis://host:port of any node; keys of one activity share a hash tag, so one slot).
 REDPACK_REDIS_CLUSTER_URL = env.str("REDPACK_REDIS_CLUSTER_URL", default="")

@@ -4,10 +4,11 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.db import DatabaseError
 
 from strategies import registry
 
-from . import bans, expiry, health, services
+from . import bans, expiry, health, ledger, services
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,23 @@ def heartbeat() -> None:
 def sync_disabled_users() -> int:
     """Every REDPACK_BANS_SYNC_SECONDS: the disabled users' set from MySQL (redpack/bans.py)."""
     return bans.sync()
+
+
+@shared_task(
+    ignore_result=True,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=1,
+    retry_jitter=True,
+    max_retries=5,
+    soft_time_limit=120,
+    time_limit=150,
+)
+def credit_grabs() -> int:
+    """Every REDPACK_CREDIT_INTERVAL: move each new grab's amount from its activity's escrow to
+    the grabber's wallet, once (a lock wait or deadlock retries; nothing half-done survives)."""
+    return ledger.grabs_credit(
+        batch=settings.REDPACK_CREDIT_BATCH, run_seconds=settings.REDPACK_CREDIT_RUN_SECONDS
+    )
 
 
 def run_background(task: str) -> int:

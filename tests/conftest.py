@@ -9,7 +9,7 @@ from django.db import connection
 from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import bans, finished, health, selectors
+from redpack import bans, finished, health, ledger, selectors
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -42,12 +42,17 @@ def clean_redis() -> Iterator[None]:
 
 @pytest.fixture
 def make_users(db) -> Callable[[int], list[AbstractUser]]:  # type: ignore[no-untyped-def]
-    def make(count: int, prefix: str = "user") -> list[AbstractUser]:
+    """Users whose wallets hold REDPACK_STARTING_BALANCE, as bench and demo users do, or
+    `balance` (a decimal string; "0" for none)."""
+
+    def make(count: int, prefix: str = "user", balance: str | None = None) -> list[AbstractUser]:
         User = get_user_model()
         start = User.objects.count()
         names = [f"{prefix}{start + i}" for i in range(count)]
         User.objects.bulk_create([User(username=name) for name in names])
-        return list(User.objects.filter(username__in=names).order_by("pk"))
+        users = list(User.objects.filter(username__in=names).order_by("pk"))
+        ledger.wallets_top_up(user_ids=[user.pk for user in users], to=balance, memo="test users")
+        return users
 
     return make
 

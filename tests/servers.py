@@ -1,4 +1,5 @@
-"""Real server processes for tests: gunicorn serving the test database and test Redis."""
+"""Real server processes for tests: gunicorn serving the test database and test Redis, a Celery
+worker (that a test may pause and SIGKILL), and what a test watches them by."""
 
 import os
 import signal
@@ -7,11 +8,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"  # screenshots of the browser tests (gitignored)
@@ -139,3 +141,27 @@ def celery_worker(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+def kill_hard(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def uncommitted_rows() -> int:
+    """Rows written by the open transactions of connections to this test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(MAX(t.trx_rows_modified), 0) FROM information_schema.INNODB_TRX t "
+            "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+            "WHERE p.DB = DATABASE()"
+        )
+        return int(cursor.fetchone()[0])

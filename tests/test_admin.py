@@ -7,16 +7,18 @@ from django.test import override_settings
 from django.utils import timezone
 
 from redpack import admin as admin_module
-from redpack import services
+from redpack import ledger, services
+from redpack.audit import audit_books
 from redpack.lab import report
-from redpack.models import Activity, Refund
+from redpack.models import Account, Activity, JournalEntry, Refund
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def staff_client(client):  # type: ignore[no-untyped-def]
-    get_user_model().objects.create_superuser("boss", "boss@example.com", "boss-pass-123")
+    boss = get_user_model().objects.create_superuser("boss", "boss@example.com", "boss-pass-123")
+    ledger.wallets_top_up(user_ids=[boss.pk], memo="test staff")
     client.login(username="boss", password="boss-pass-123")
     return client
 
@@ -217,3 +219,55 @@ def test_admin_shows_the_embedded_ribbon_only_when_embedded(staff_client):
 
 def test_admin_report_is_staff_only(client):
     assert client.get("/admin/redpack/activity/report/").status_code == 302
+
+
+def test_admin_books_are_read_only_and_show_the_crediting_lag(staff_client, make_users):
+    sender = make_users(1)[0]
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
+    )
+    services.activity_grab(activity_id=activity.pk, user_id=make_users(1)[0].pk)
+    accounts = staff_client.get("/admin/redpack/account/").content.decode()
+    assert "Waiting to be credited: <strong>1</strong> grabs" in accounts
+    wallet = Account.objects.get(user=sender)
+    page = staff_client.get(f"/admin/redpack/account/{wallet.pk}/change/").content.decode()
+    assert "999997.00" in page and 'name="_save"' not in page
+    entry = JournalEntry.objects.get(kind="send", activity=activity)
+    page = staff_client.get(f"/admin/redpack/journalentry/{entry.pk}/change/").content.decode()
+    assert "-3.00" in page and 'name="_save"' not in page
+    assert staff_client.get("/admin/redpack/journalentry/add/").status_code == 403
+    change = staff_client.get(f"/admin/redpack/activity/{activity.pk}/change/").content.decode()
+    assert "escrow" in change and "3.00" in change
+
+
+def test_admin_deposit_checks_the_amount_and_books_it_from_funding(staff_client, make_users):
+    (user,) = make_users(1, balance="0")
+    bad = staff_client.post(
+        "/admin/redpack/account/deposit/", {"username": user.username, "amount": "0.001"}
+    )
+    assert bad.status_code == 200 and not Account.objects.filter(user=user).exists()
+    ghost = staff_client.post(
+        "/admin/redpack/account/deposit/", {"username": "nobody", "amount": "1"}
+    )
+    assert "no such user" in ghost.content.decode()
+    done = staff_client.post(
+        "/admin/redpack/account/deposit/",
+        {"username": user.username, "amount": "25.50", "memo": "welcome"},
+    )
+    assert done.status_code == 302
+    assert str(Account.objects.get(user=user).balance) == "25.50"
+    entry = JournalEntry.objects.get(memo="welcome")
+    assert entry.kind == "deposit" and entry.created_by.username == "boss"
+    assert audit_books().ok
+
+
+def test_admin_deposit_needs_its_permission(client, make_users):
+    user = make_users(1)[0]
+    user.is_staff = True
+    user.set_password("plain-pass-123")
+    user.save()
+    client.login(username=user.username, password="plain-pass-123")
+    response = client.post(
+        "/admin/redpack/account/deposit/", {"username": user.username, "amount": "1"}
+    )
+    assert response.status_code == 403

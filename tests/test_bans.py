@@ -75,7 +75,7 @@ def test_other_processes_see_a_ban_within_the_local_interval(settings, monkeypat
 
 
 def test_sync_catches_changes_made_without_signals(make_users):
-    banned, back, deleted = make_users(3)
+    banned, back, deleted = make_users(3, balance="0")  # a wallet would protect `deleted`
     get_user_model().objects.filter(pk=banned.pk).update(is_active=False)  # no signal
     bans.set_disabled(back.pk, True)  # banned, then let back in without a signal
     get_user_model().objects.filter(pk=deleted.pk).delete()
@@ -93,7 +93,7 @@ def test_with_redis_away_mysql_answers(settings, make_users):
 
 @pytest.mark.parametrize("how", ["deactivated", "deleted"])
 def test_refresh_is_refused(how, make_users):
-    (user,) = make_users(1)
+    (user,) = make_users(1, balance="0")  # a user with a wallet cannot be deleted
     refresh = str(RefreshToken.for_user(user))
     if how == "deleted":
         user.delete()

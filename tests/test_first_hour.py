@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.test import override_settings
 
 from redpack.lab.users import bench_users_ensure, bench_users_write_csv
+from redpack.ledger import wallets_top_up
 
 from .servers import (
     ARTIFACTS,
@@ -61,7 +62,8 @@ def admin_login() -> tuple[str, str]:
     where Django refuses database calls. Hashed as gunicorn's settings hash (the tests' own
     settings use a fast hasher that the server does not know)."""
     with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.PBKDF2PasswordHasher"]):
-        get_user_model().objects.create_superuser("admin", "admin@example.com", "admin")
+        admin = get_user_model().objects.create_superuser("admin", "admin@example.com", "admin")
+    wallets_top_up(user_ids=[admin.pk], memo="the admin's sends")
     return "admin", "admin"
 
 

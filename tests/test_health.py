@@ -177,3 +177,16 @@ def test_the_redis_state_probe_is_one_read_while_nothing_is_lost(django_assert_n
     assert registry.state_lost() is None  # a fresh Redis: checked once, then remembered
     with django_assert_num_queries(0):
         assert registry.state_lost() is None
+
+
+def test_details_show_the_crediting_lag(healthz, sender, make_users):
+    from redpack import ledger, services
+
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="pessimistic"
+    )
+    for user in make_users(2, balance="0"):
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+    assert healthz()[1]["crediting"]["pending"] == 2
+    ledger.grabs_credit(batch=10, run_seconds=60)
+    assert healthz()[1]["crediting"] == {"pending": 0, "oldest_age_seconds": 0.0}

@@ -24,8 +24,8 @@ from django.core.management import call_command
 from django.contrib.auth import get_user_model
 from django.db import connection, connections
 
-from redpack import services
-from redpack.audit import audit_activity
+from redpack import ledger, services
+from redpack.audit import audit_activity, audit_books
 from redpack.models import Activity
 from strategies import registry
 
@@ -34,6 +34,7 @@ assert connection.vendor == "sqlite"
 User = get_user_model()
 users = [User.objects.create(username=f"u{i}") for i in range(41)]
 sender, grabbers = users[0], users[1:]
+ledger.wallets_top_up(user_ids=[sender.pk], memo="sqlite sender")
 
 # Every strategy that writes before it answers, through the same two activities.
 names = [
@@ -81,6 +82,10 @@ for name in names:
         assert report.ok, (name, report.violations)
         assert activity.surplus_count == 0 and activity.surplus_amount == 0, (name, activity)
     print(name, "ok")
+# The money adds up too: every grab credited once, the books sum to exactly 0.
+ledger.grabs_credit(batch=7, run_seconds=60)
+books = audit_books(drained=True)
+assert books.ok, books.violations
 print("ok")
 """
 

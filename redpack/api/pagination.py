@@ -3,6 +3,7 @@ from typing import Any
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 MAX_OFFSET = 1_000_000_000
 
@@ -37,3 +38,28 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
         for parameter in parameters:
             parameter["schema"].update(bounds.get(parameter["name"], {}))
         return parameters
+
+
+class WalletPagination(StrictLimitOffsetPagination):
+    """A page of wallet lines, with the wallet's balance beside it (set by the view)."""
+
+    balance = "0.00"
+
+    def get_paginated_response(self, data: Any) -> Response:
+        response = super().get_paginated_response(data)
+        response.data = {"balance": self.balance, **response.data}
+        return response
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        paginated = super().get_paginated_response_schema(schema)
+        paginated["properties"] = {
+            "balance": {
+                "type": "string",
+                "pattern": r"^-?[0-9]+\.[0-9]{2}$",
+                "example": "100.00",
+                "description": "What the wallet holds now.",
+            },
+            **paginated["properties"],
+        }
+        paginated["required"] = ["balance", *paginated.get("required", [])]
+        return paginated

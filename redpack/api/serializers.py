@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
-from redpack.models import Activity, GrabDetail, Refund
+from redpack.models import Activity, EntryKind, GrabDetail, JournalLine, Refund
 from redpack.selectors import activity_grabbed_count
 from redpack.validation import DEFAULT_EXPIRES_IN, send_limits
 from strategies import registry
@@ -159,6 +159,25 @@ class RefundSerializer(serializers.ModelSerializer):
     class Meta:
         model = Refund
         fields = ["activity", "amount", "count", "created_at"]
+        read_only_fields = fields
+
+
+class WalletLineSerializer(serializers.ModelSerializer):
+    """One movement of your wallet: positive in, negative out."""
+
+    entry = serializers.IntegerField(source="entry_id")
+    kind = serializers.ChoiceField(
+        source="entry.kind",
+        choices=EntryKind.choices,
+        help_text="deposit, send (to an activity you sent), credit (a grab of yours), refund "
+        "(what was left of an activity you sent).",
+    )
+    activity = serializers.IntegerField(source="entry.activity_id", allow_null=True)
+    created_at = serializers.DateTimeField(source="entry.created_at")
+
+    class Meta:
+        model = JournalLine
+        fields = ["entry", "kind", "activity", "amount", "created_at"]
         read_only_fields = fields
 
 

@@ -12,6 +12,7 @@ urlpatterns = [
     path("activities/<int:pk>/grabs/", views.ActivityGrabsView.as_view(), name="activity-grabs"),
     path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
     path("me/refunds/", views.MyRefundsView.as_view(), name="my-refunds"),
+    path("me/wallet/", views.MyWalletView.as_view(), name="my-wallet"),
     path("ping/", views.PingView.as_view(), name="ping"),
     path("strategies/", views.StrategyListView.as_view(), name="strategies"),
     path("token/", TokenObtainPairView.as_view(), name="token-obtain"),

@@ -22,6 +22,7 @@ from strategies.base import Outcome
 
 from . import gate
 from .auth import TokenUserAuthentication
+from .pagination import WalletPagination
 from .serializers import (
     ActivityCreateSerializer,
     ActivityGrabSerializer,
@@ -30,6 +31,7 @@ from .serializers import (
     GrabResultSerializer,
     RefundSerializer,
     StrategySerializer,
+    WalletLineSerializer,
 )
 from .throttles import RedpackThrottle
 
@@ -178,6 +180,22 @@ class MyRefundsView(generics.ListAPIView):
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         return selectors.user_refunds(user_id=user_id(self.request))
+
+
+class MyWalletView(generics.ListAPIView):
+    """Your balance and your wallet's movements, newest first. A grab reaches the balance
+    shortly after its answer (the crediting task, redpack/ledger.py)."""
+
+    serializer_class = WalletLineSerializer
+    pagination_class = WalletPagination
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.wallet_lines(user_id=user_id(self.request))
+
+    def paginate_queryset(self, queryset):  # type: ignore[no-untyped-def]
+        page = super().paginate_queryset(queryset)
+        self.paginator.balance = str(selectors.wallet_balance(user_id=user_id(self.request)))  # type: ignore[union-attr]
+        return page
 
 
 class StrategyListView(APIView):

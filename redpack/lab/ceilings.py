@@ -160,6 +160,7 @@ def _ceiling_activity(strategy: str, packets: int) -> Activity:
             total_count=packets,
             strategy=strategy,
             expires_in=3600,
+            funded=False,  # removed afterwards: no money moves for it
         )
 
 

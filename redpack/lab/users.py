@@ -10,11 +10,14 @@ from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import AbstractBaseUser
 from rest_framework_simplejwt.tokens import AccessToken
 
+from redpack.ledger import wallets_top_up
+
 CHUNK = 5000
 
 
 def bench_users_ensure(*, count: int, prefix: str = "bench") -> tuple[list[int], int]:
-    """Ids of the users `<prefix>000000` … in name order, creating the missing ones.
+    """Ids of the users `<prefix>000000` … in name order, creating the missing ones, each
+    wallet topped up to REDPACK_STARTING_BALANCE.
 
     Returns (ids, how many were created). Works in chunks, so 100,000 users stay cheap.
     """
@@ -31,14 +34,17 @@ def bench_users_ensure(*, count: int, prefix: str = "bench") -> tuple[list[int],
         created += len(missing)
         in_chunk = User.objects.filter(username__in=chunk).order_by("username")
         ids.extend(in_chunk.values_list("pk", flat=True))
+    wallets_top_up(user_ids=ids, memo="bench users")
     return ids, created
 
 
 def bench_sender(*, prefix: str = "bench") -> AbstractBaseUser:
-    """The user that sends bench activities, kept apart from the grabbers."""
+    """The user that sends bench activities, kept apart from the grabbers; its wallet topped
+    up to REDPACK_STARTING_BALANCE, which covers any one send."""
     sender, _ = get_user_model().objects.get_or_create(
         username=f"{prefix}-sender", defaults={"password": make_password(None)}
     )
+    wallets_top_up(user_ids=[sender.pk], memo="bench sender")
     return sender
 
 

@@ -316,7 +316,7 @@ WRITES_BEFORE_ANSWER = [
 @pytest.mark.parametrize("strategy", WRITES_BEFORE_ANSWER)
 def test_a_token_outliving_its_user_cannot_grab(strategy, sender, make_users):
     safe_strategy = strategy
-    ghost = make_users(1)[0]
+    ghost = make_users(1, balance="0")[0]  # a user with a wallet cannot be deleted
     token = AccessToken.for_user(ghost)
     get_user_model().objects.filter(pk=ghost.pk).delete()
     # As if the ban never reached Redis (redpack/bans.py refuses the token first, with 401):

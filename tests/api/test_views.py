@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
+from redpack import ledger
 from redpack.models import Activity, GrabDetail
 
 pytestmark = pytest.mark.django_db
@@ -224,3 +225,38 @@ def test_grab_of_a_user_only_counts_for_the_token_owner(sender, make_users):
         f"/api/activities/{activity_id}/grab/", {"user_id": bob.pk}, format="json"
     )
     assert list(GrabDetail.objects.values_list("user_id", flat=True)) == [alice.pk]
+
+
+def test_a_send_beyond_the_balance_is_400_naming_the_field(make_users):
+    (poor,) = make_users(1, prefix="poor", balance="50.00")
+    response = send(client_for(poor), total_amount="60.00")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "insufficient_balance"
+    assert list(response.json()["error"]["fields"]) == ["total_amount"]
+    assert not Activity.objects.exists()
+    assert client_for(poor).get("/api/me/wallet/").json()["balance"] == "50.00"
+
+
+def test_my_wallet_shows_the_balance_and_each_movement(make_users):
+    (sender,) = make_users(1, prefix="sender", balance="100.00")
+    (grabber,) = make_users(1, balance="0")
+    empty = client_for(grabber).get("/api/me/wallet/").json()
+    assert empty == {"balance": "0.00", "count": 0, "next": None, "previous": None, "results": []}
+    activity_id = send(client_for(sender), total_amount="10.00", total_count=2).json()["id"]
+    amount = client_for(grabber).post(f"/api/activities/{activity_id}/grab/").json()["amount"]
+    ledger.grabs_credit(batch=10, run_seconds=60)
+
+    mine = client_for(grabber).get("/api/me/wallet/").json()
+    assert mine["balance"] == amount and mine["count"] == 1
+    assert mine["results"][0] | {"entry": 0, "created_at": ""} == {
+        "entry": 0,
+        "kind": "credit",
+        "activity": activity_id,
+        "amount": amount,
+        "created_at": "",
+    }
+    theirs = client_for(sender).get("/api/me/wallet/?limit=1").json()
+    assert theirs["balance"] == "90.00" and theirs["count"] == 2  # the deposit, the send
+    assert [(r["kind"], r["amount"]) for r in theirs["results"]] == [("send", "-10.00")]
+    assert theirs["next"] is not None
+    assert client_for(sender).get("/api/me/wallet/?limit=0").status_code == 400

@@ -4,12 +4,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redpack.audit import audit_activity
+from redpack.audit import Checks, audit_activity, audit_books
 from redpack.models import Activity
 
 
 class Command(BaseCommand):
-    help = "Check the invariants of one or all activities; exit non-zero on any violation."
+    help = (
+        "Check the invariants of one or all activities and the books; exit non-zero on any "
+        "violation."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -21,6 +24,11 @@ class Command(BaseCommand):
             "answer a client received; each listed activity is also checked against them.",
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+        parser.add_argument(
+            "--drained",
+            action="store_true",
+            help="The crediting task has caught up: every grab must be credited.",
+        )
 
     def handle(self, *args: object, **options: Any) -> None:
         activities = Activity.objects.order_by("pk")
@@ -36,9 +44,10 @@ class Command(BaseCommand):
             for activity in activities.iterator(chunk_size=500)
         ]
         failed = [r for r in reports if not r.ok]
+        books = audit_books(drained=options["drained"])
         if options["json"]:
             body = {
-                "ok": not failed,
+                "ok": not failed and books.ok,
                 "activities": len(reports),
                 "violations": sum(len(r.violations) for r in reports),
                 "reports": [
@@ -49,25 +58,41 @@ class Command(BaseCommand):
                         "grabbed": r.grabbed,
                         "oversold": r.oversold,
                         "duplicates": r.duplicates,
+                        "uncredited": r.uncredited,
                         "checks": r.checks,
                         "violations": r.violations,
                     }
                     for r in reports
                 ],
+                "books": {
+                    "ok": books.ok,
+                    "entries": books.entries,
+                    "accounts": books.accounts,
+                    "uncredited": books.uncredited,
+                    "checks": books.checks,
+                    "violations": books.violations,
+                },
             }
             self.stdout.write(json.dumps(body))
         else:
             for report in reports:
-                mark = "ok" if report.ok else "VIOLATED"
-                self.stdout.write(
-                    f"activity {report.activity_id} ({report.strategy}): {mark}, "
-                    f"{len(report.checks)} checks, {report.grabbed} grabbed"
-                )
-                for violation in report.violations:
-                    self.stdout.write(f"  - {violation}")
+                head = f"activity {report.activity_id} ({report.strategy})"
+                self._write(head, report, f"{report.grabbed} grabbed")
             self.stdout.write(f"{len(reports)} activities audited, {len(failed)} with violations")
-        if failed:
+            self._write(
+                "books",
+                books,
+                f"{books.entries} entries, {books.accounts} accounts, "
+                f"{books.uncredited} grabs not credited yet",
+            )
+        if failed or not books.ok:
             raise SystemExit(1)
+
+    def _write(self, head: str, result: Checks, tail: str) -> None:
+        mark = "ok" if result.ok else "VIOLATED"
+        self.stdout.write(f"{head}: {mark}, {len(result.checks)} checks, {tail}")
+        for violation in result.violations:
+            self.stdout.write(f"  - {violation}")
 
     @staticmethod
     def _answers(path: object) -> dict[int, list[tuple[int, int]]]:

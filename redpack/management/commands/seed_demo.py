@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
 from redpack import services
+from redpack.ledger import wallets_top_up
 from redpack.models import Activity, ActivityStatus
 from strategies import registry
 
@@ -34,6 +35,7 @@ class Command(BaseCommand):
             User.objects.get_or_create(username=f"demo{i}", defaults={"password": unusable})[0]
             for i in range(1, int(options["grabs"]) + 1)  # type: ignore[call-overload]
         ]
+        wallets_top_up(user_ids=[sender.pk, *(u.pk for u in grabbers)], memo="demo users")
         for name in registry.names():
             if not registry.allowed(name):
                 reason = registry.unavailable_reason(name)

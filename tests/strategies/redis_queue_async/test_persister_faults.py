@@ -1,11 +1,8 @@
 """redis_queue_async's persister as it runs: `celery -A redpack worker -B`, killed with SIGKILL in
 the middle of a batch, and cut off from MySQL. Real processes, real MariaDB and Redis."""
 
-import os
-import signal
 import subprocess
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from decimal import Decimal
 from pathlib import Path
@@ -25,6 +22,7 @@ from strategies.redis_queue_async import stream
 from strategies.redis_state.keys import Keys
 from tests import servers
 from tests.faults import FaultProxy
+from tests.servers import kill_hard, uncommitted_rows, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,19 +40,6 @@ def celery_worker(
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """The test worker, with the persister's intervals shortened."""
     return servers.celery_worker(schedule, pause=pause, **{**QUICK, **env})
-
-
-def kill_hard(process: subprocess.Popen[bytes]) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 90) -> None:
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > give_up:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def send(sender, count: int) -> Activity:  # type: ignore[no-untyped-def]
@@ -98,17 +83,6 @@ def delivered_unacknowledged(activity: Activity) -> int:
         return int(redis.xpending(stream_key(activity), stream.GROUP)["pending"])
     except Exception:  # noqa: BLE001 - no group yet: nothing delivered
         return 0
-
-
-def uncommitted_rows() -> int:
-    """Rows written by the open transactions of connections to this test database."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT COALESCE(MAX(t.trx_rows_modified), 0) FROM information_schema.INNODB_TRX t "
-            "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-            "WHERE p.DB = DATABASE()"
-        )
-        return int(cursor.fetchone()[0])
 
 
 def assert_exactly_once(activity: Activity, answers: dict[int, int]) -> None:

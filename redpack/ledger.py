@@ -1,0 +1,308 @@
+"""The money: a double-entry ledger of a wallet per user, one platform funding account and an
+escrow account per activity (docs/design.md, "Money").
+
+- Every movement is one journal entry whose lines sum to 0; the accounts' balances change in
+  the same transaction as the lines are written, so a balance is always the sum of its lines.
+- Send (`send_debit` + `escrow_open`, in the send's transaction): the total leaves the sender's
+  wallet by one conditional UPDATE (`balance >= total`), so concurrent sends never overdraw.
+- Refund (`refund_post`, in the refund's transaction, the activity row locked): what was left
+  goes from the escrow back to the sender, tied to the refund record by a UNIQUE key.
+- Grabs (`grabs_credit`, a Celery task, never on the grab path): each grab row is credited from
+  the escrow to the grabber's wallet by one entry, tied to the row by a UNIQUE key. The work to
+  do is found through the escrows: an activity has uncredited grabs exactly when its escrow
+  holds more than its surplus (the escrow index keeps the scan to activities with money left).
+- Lock order: accounts are locked in ascending id order, after the activity row where one is
+  locked (the refund); crediting never locks an activity row. No cycle, no deadlock.
+"""
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, Count, DecimalField, F, Min, QuerySet, Value, When
+from django.db.models.functions import Round
+from django.utils import timezone
+
+from .errors import InsufficientBalance, InvalidInput
+from .models import (
+    Account,
+    AccountKind,
+    Activity,
+    EntryKind,
+    GrabDetail,
+    JournalEntry,
+    JournalLine,
+    Refund,
+)
+from .money import from_cents, minus, to_cents
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 5000  # wallets per top-up transaction
+
+
+def funding_account() -> Account:
+    """The platform's account; created by migrate (and after a flush), else here."""
+    account, _ = Account.objects.get_or_create(kind=AccountKind.FUNDING)
+    return account
+
+
+def wallets_ensure(user_ids: Iterable[int]) -> dict[int, int]:
+    """Wallet account ids by user id, creating the missing wallets (at 0)."""
+    wanted = set(user_ids)
+    found = dict(
+        Account.objects.filter(kind=AccountKind.WALLET, user_id__in=wanted).values_list(
+            "user_id", "pk"
+        )
+    )
+    missing = wanted - found.keys()
+    if missing:
+        Account.objects.bulk_create(
+            [Account(kind=AccountKind.WALLET, user_id=u) for u in missing], ignore_conflicts=True
+        )
+        found.update(
+            Account.objects.filter(kind=AccountKind.WALLET, user_id__in=missing).values_list(
+                "user_id", "pk"
+            )
+        )
+    return found
+
+
+def _lock(account_ids: Iterable[int]) -> dict[int, Account]:
+    """Lock the accounts in ascending id order (the ledger's one lock order)."""
+    ids = sorted(set(account_ids))
+    return {a.pk: a for a in Account.objects.select_for_update().filter(pk__in=ids).order_by("pk")}
+
+
+def _apply(deltas: dict[int, int]) -> None:
+    """Add each account's delta (cents) to its balance, in one statement."""
+    deltas = {account: cents for account, cents in deltas.items() if cents}
+    if not deltas:
+        return
+    change = Case(
+        *(When(pk=account, then=Value(from_cents(cents))) for account, cents in deltas.items()),
+        output_field=DecimalField(max_digits=18, decimal_places=2),
+    )
+    Account.objects.filter(pk__in=deltas).update(balance=Round(F("balance") + change, 2))
+
+
+def _lines(entry: JournalEntry, lines: dict[int, int]) -> list[JournalLine]:
+    if sum(lines.values()) != 0:
+        raise ValueError(f"unbalanced entry: {lines}")
+    return [
+        JournalLine(entry=entry, account_id=account, amount=from_cents(cents))
+        for account, cents in lines.items()
+        if cents
+    ]
+
+
+def _post(entry: JournalEntry, lines: dict[int, int], *, apply: bool = True) -> JournalEntry:
+    """Write one entry and its lines; `apply`: also move the balances (the caller holds the
+    accounts' locks, or has moved them itself)."""
+    entry.save()
+    JournalLine.objects.bulk_create(_lines(entry, lines))
+    if apply:
+        _apply(lines)
+    return entry
+
+
+def deposit_cents(amount: Decimal | str) -> int:
+    """A deposit's amount checked: whole cents, at least 0.01, at most REDPACK_MAX_DEPOSIT."""
+    try:
+        cents = to_cents(amount)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="amount") from exc
+    if not 1 <= cents <= to_cents(settings.REDPACK_MAX_DEPOSIT):
+        raise InvalidInput(
+            f"amount must be between 0.01 and {settings.REDPACK_MAX_DEPOSIT}", field="amount"
+        )
+    return cents
+
+
+def wallet_deposit(
+    *, user_id: int, amount: Decimal | str, by_id: int | None = None, memo: str = ""
+) -> JournalEntry:
+    """Move `amount` from the funding account into the user's wallet."""
+    cents = deposit_cents(amount)
+    wallet_id = wallets_ensure([user_id])[user_id]
+    with transaction.atomic():
+        funding = funding_account()
+        _lock([funding.pk, wallet_id])
+        entry = JournalEntry(kind=EntryKind.DEPOSIT, created_by_id=by_id, memo=memo[:200])
+        return _post(entry, {funding.pk: -cents, wallet_id: cents})
+
+
+def wallets_top_up(*, user_ids: Sequence[int], to: Decimal | str | None = None, memo: str) -> int:
+    """Deposit into each wallet below `to` (default REDPACK_STARTING_BALANCE) what it lacks:
+    one entry per chunk of wallets. Returns how many wallets were topped up."""
+    floor = to_cents(settings.REDPACK_STARTING_BALANCE if to is None else to)
+    topped = 0
+    for start in range(0, len(user_ids), CHUNK) if floor > 0 else ():
+        wallets = wallets_ensure(user_ids[start : start + CHUNK])
+        low = Account.objects.filter(pk__in=wallets.values(), balance__lt=from_cents(floor))
+        low_ids = list(low.values_list("pk", flat=True))
+        if not low_ids:
+            continue
+        with transaction.atomic():
+            funding = funding_account()
+            locked = _lock([funding.pk, *low_ids])
+            lines = {
+                pk: floor - to_cents(account.balance)
+                for pk, account in locked.items()
+                if pk != funding.pk and to_cents(account.balance) < floor
+            }
+            if lines:
+                lines[funding.pk] = -sum(lines.values())
+                _post(JournalEntry(kind=EntryKind.DEPOSIT, memo=memo[:200]), lines)
+                topped += len(lines) - 1
+    return topped
+
+
+def send_debit(*, sender_id: int, total_cents: int) -> int:
+    """Take the total from the sender's wallet (inside the send's transaction): one conditional
+    UPDATE, which waits for and then sees any concurrent send's debit. Returns the wallet's id;
+    raises InsufficientBalance (nothing changed) when the balance does not cover the total."""
+    wallet_id = (
+        Account.objects.filter(kind=AccountKind.WALLET, user_id=sender_id)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if wallet_id is None or not Account.objects.filter(
+        pk=wallet_id, balance__gte=from_cents(total_cents)
+    ).update(balance=minus("balance", total_cents)):
+        raise InsufficientBalance(
+            f"your wallet does not hold {from_cents(total_cents)}", field="total_amount"
+        )
+    return wallet_id
+
+
+def escrow_open(*, activity: Activity, wallet_id: int, total_cents: int) -> None:
+    """The activity's escrow, holding the total that `send_debit` took (same transaction)."""
+    escrow = Account.objects.create(
+        kind=AccountKind.ESCROW, activity=activity, balance=from_cents(total_cents)
+    )
+    entry = JournalEntry(kind=EntryKind.SEND, activity=activity)
+    _post(entry, {wallet_id: -total_cents, escrow.pk: total_cents}, apply=False)
+
+
+def refund_post(*, refund: Refund, sender_id: int) -> None:
+    """What the refund record gives back, from the escrow to the sender's wallet; inside the
+    refund's transaction, after its record (whose UNIQUE key makes this happen once)."""
+    cents = to_cents(refund.amount)
+    escrow_id = (
+        Account.objects.filter(activity_id=refund.activity_id).values_list("pk", flat=True).first()
+    )
+    if escrow_id is None or cents == 0:
+        return  # an activity without money (the lab's ceilings) or nothing left
+    wallet_id = wallets_ensure([sender_id])[sender_id]
+    _lock([escrow_id, wallet_id])
+    entry = JournalEntry(kind=EntryKind.REFUND, activity_id=refund.activity_id, refund=refund)
+    _post(entry, {escrow_id: -cents, wallet_id: cents})
+
+
+def activities_to_credit() -> QuerySet[Account]:
+    """Escrows of activities with uncredited grabs: holding more than their surplus (the part
+    of the escrow that still belongs to future grabs or the refund)."""
+    return Account.objects.filter(kind=AccountKind.ESCROW, balance__gt=0).filter(
+        balance__gt=F("activity__surplus_amount")
+    )
+
+
+def uncredited(activity_id: int, *, after: int = 0) -> QuerySet[GrabDetail]:
+    return GrabDetail.objects.filter(
+        activity_id=activity_id, pk__gt=after, credit__isnull=True
+    ).order_by("pk")
+
+
+def grabs_credit(*, batch: int, run_seconds: float) -> int:
+    """Credit uncredited grab rows, at most `batch` per transaction, until none is left or
+    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many."""
+    until = time.monotonic() + run_seconds
+    credited = 0
+    for activity_id in list(activities_to_credit().values_list("activity_id", flat=True)):
+        after = 0
+        while time.monotonic() < until:
+            rows = list(
+                uncredited(activity_id, after=after).values_list("pk", "user_id", "amount")[:batch]
+            )
+            if not rows:
+                break
+            done, short = _credit(activity_id, rows)
+            credited += done
+            if short or len(rows) < batch:
+                break
+            after = rows[-1][0]
+    return credited
+
+
+def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int, bool]:
+    """One transaction: the rows (of one activity) not credited yet, each by its own entry.
+    Returns how many it credited, and whether the escrow fell short of the next one."""
+    wallets = wallets_ensure(user_id for _, user_id, _ in rows)
+    with transaction.atomic():
+        escrow_id = Account.objects.filter(activity_id=activity_id).values_list("pk", flat=True)[0]
+        locked = _lock([escrow_id, *wallets.values()])
+        # Under the escrow's lock, which every crediting of this activity takes: a row another
+        # run credited in the meantime is seen here and left alone.
+        pending = set(
+            GrabDetail.objects.filter(pk__in=[r[0] for r in rows], credit__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+        activity = Activity.objects.filter(pk=activity_id)
+        surplus = activity.values_list("surplus_amount", flat=True)[0]
+        room = to_cents(locked[escrow_id].balance) - to_cents(surplus)
+        entries, moves, short = [], [], False
+        for pk, user_id, amount in rows:
+            cents = to_cents(amount)
+            if pk not in pending:
+                continue
+            if cents > room:
+                # Only an overselling strategy gets here: its rows hold more than it was sent.
+                logger.warning(
+                    "grab not creditable",
+                    extra={"event": "credit_short", "activity": activity_id, "grab": pk},
+                )
+                short = True
+                break
+            room -= cents
+            entries.append(JournalEntry(kind=EntryKind.CREDIT, activity_id=activity_id, grab_id=pk))
+            moves.append((wallets[user_id], cents))
+        if entries:
+            _post_credits(escrow_id, entries, moves)
+    return len(entries), short
+
+
+def _post_credits(
+    escrow_id: int, entries: list[JournalEntry], moves: list[tuple[int, int]]
+) -> None:
+    JournalEntry.objects.bulk_create(entries)
+    if not connection.features.can_return_rows_from_bulk_insert:
+        ids = dict(
+            JournalEntry.objects.filter(grab_id__in=[e.grab_id for e in entries]).values_list(
+                "grab_id", "pk"
+            )
+        )
+        for entry in entries:
+            entry.pk = ids[entry.grab_id]  # type: ignore[index]  # every credit has its grab
+    lines, deltas = [], {escrow_id: 0}
+    for entry, (wallet_id, cents) in zip(entries, moves, strict=True):
+        lines += _lines(entry, {escrow_id: -cents, wallet_id: cents})
+        deltas[escrow_id] -= cents
+        deltas[wallet_id] = deltas.get(wallet_id, 0) + cents
+    JournalLine.objects.bulk_create(lines)
+    _apply(deltas)
+
+
+def crediting_lag() -> dict[str, int | float]:
+    """Grabs not credited yet: how many, and the oldest one's age in seconds (0 when none)."""
+    activities = activities_to_credit().values("activity_id")
+    lag = GrabDetail.objects.filter(activity_id__in=activities, credit__isnull=True).aggregate(
+        pending=Count("pk"), oldest=Min("created_at")
+    )
+    oldest = lag["oldest"]
+    age = 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
+    return {"pending": lag["pending"], "oldest_age_seconds": round(age, 3)}
