@@ -357,7 +357,20 @@ def write_markdown(
         parts += [results_table(http_rows, HTTP_COLUMNS), ""]
         if any(r.get("latency_histogram") for r in http_rows):
             parts += ["Requests per latency bucket:", "", histogram_table(http_rows), ""]
-    parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), "", LEGEND]
+    parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), ""]
+    books = context.get("books")
+    if books:
+        verdict = "balance" if books["ok"] else f"DO NOT balance: {'; '.join(books['violations'])}"
+        parts += [
+            "## Money",
+            "",
+            f"After the last run, {books['credited']:,} grabs were credited to their grabbers' "
+            f"wallets in {books['seconds']} s ({books['credits_per_s'] or 0:,.0f} a second; the "
+            "crediting task waits during the runs, which it would only blur on a shared "
+            f"machine), and the books {verdict}.",
+            "",
+        ]
+    parts += [LEGEND]
     if context.get("settings"):
         parts += ["", "## Settings", "", "```", *context["settings"], "```", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
