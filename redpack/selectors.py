@@ -4,10 +4,10 @@ per-process memory of each activity's strategy."""
 from datetime import datetime
 from functools import lru_cache
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from .errors import Forbidden, NotFound
-from .models import Activity, GrabDetail, Refund
+from .models import Activity, GrabDetail, PersistFailure, Refund
 
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
@@ -61,3 +61,9 @@ def activity_grabbed_count(activity: Activity) -> int:
     `grabbed_count` and the admin's progress both show this)."""
     refund = getattr(activity, "refund", None)
     return activity.total_count - activity.surplus_count - (refund.count if refund else 0)
+
+
+def persist_failure_counts() -> dict[str, int]:
+    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved)."""
+    rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
+    return {status: n for status, n in rows}

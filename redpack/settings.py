@@ -4,6 +4,7 @@ Every value can be set by an environment variable or a `.env` file in the reposi
 (`make run` writes one with a fresh SECRET_KEY the first time).
 """
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,7 +39,7 @@ CSRF_COOKIE_SECURE = HTTPS
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if HTTPS else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
@@ -320,6 +321,16 @@ REDPACK_FINISHED_MAX_HOLDERS = env.int("REDPACK_FINISHED_MAX_HOLDERS", default=2
 # one more is answered 409 contended (reason shed) with Retry-After.
 REDPACK_GRAB_LINE = env.int("REDPACK_GRAB_LINE", default=2 * REDPACK_BATCH_MAX)
 REDPACK_SHED_RETRY_AFTER = env.int("REDPACK_SHED_RETRY_AFTER", default=1)
+# GET /metrics (redpack/exposition.py): loopback addresses may read it, so may these networks
+# (comma-separated CIDRs, default none) and anyone sending `Authorization: Bearer <token>`
+# with this token (default empty: no token accepted).
+REDPACK_METRICS_TOKEN = env.str("REDPACK_METRICS_TOKEN", default="")
+REDPACK_METRICS_NETWORKS = env.list("REDPACK_METRICS_NETWORKS", default=[])
+try:
+    for _network in REDPACK_METRICS_NETWORKS:
+        ipaddress.ip_network(_network, strict=False)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"REDPACK_METRICS_NETWORKS: {exc}") from exc
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.
