@@ -1,5 +1,7 @@
 """GET /metrics in one process: who may read it, and the gauges read from the stores."""
 
+import json
+import re
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -12,9 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import expiry, metrics, ratelimit, services
+from redpack import expiry, health, metrics, ratelimit, services
 from redpack.models import PersistFailure, PersistFailureStatus
 from strategies.lua import redis_client
+from tests.servers import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -108,3 +111,22 @@ def test_store_errors_are_told_apart_through_their_causes():
         assert metrics.store_of(wrapped) == "redis"
     assert metrics.store_of(OperationalError(2013, "lost")) == "mysql"
     assert metrics.store_of(ValueError("no store")) is None
+
+
+def test_the_grafana_dashboard_asks_only_for_what_the_document_has(client):
+    """Every redpack_* series the dashboard in deploy/ queries is in /metrics."""
+    health.record_heartbeat()
+    text = client.get("/metrics").content.decode()
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE):
+        names.add(name)
+        if kind == "histogram":
+            names.update(f"{name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+    dashboard = json.loads((ROOT / "deploy" / "grafana-dashboard.json").read_text())
+    queried = {
+        series
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for series in re.findall(r"\bredpack_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= names, queried - names
