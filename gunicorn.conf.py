@@ -16,6 +16,10 @@ import tempfile
 
 backlog = int(os.environ.get("REDPACK_WEB_BACKLOG", "4096"))
 worker_connections = int(os.environ.get("REDPACK_WEB_CONNECTIONS", "10000"))
+# gunicorn's access line, with the request id the app gave the response (redpack/logs.py).
+access_log_format = (
+    '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %({x-request-id}o)s'
+)
 
 # /metrics sums this server's workers (prometheus-client's multiprocess mode, redpack/metrics.py):
 # every worker writes its counters to files in PROMETHEUS_MULTIPROC_DIR, which must belong to

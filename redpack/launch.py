@@ -208,6 +208,8 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
         "REDPACK_WORKER_CONCURRENCY": str(args.worker_concurrency),
         "REDPACK_LOCUST_HOST": args.host,
         "REDPACK_LOCUST_PORT": str(args.locust_port),
+        "REDPACK_FLOWER_HOST": args.host,
+        "REDPACK_FLOWER_PORT": str(args.flower_port),
         "REDPACK_USERS_CSV": str(RUN_DIR / "bench-users.csv"),
         "LOG_FORMAT": os.environ.get("LOG_FORMAT", "plain"),  # people read `make run`
         "PYTHONUNBUFFERED": "1",  # log lines reach honcho as they happen
@@ -216,6 +218,22 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
         values["REDPACK_EMBEDDED_REDIS"] = backends.embedded_redis
         values["REDPACK_EMBEDDED_REDIS_PORT"] = str(backends.embedded_redis_port)
     return values
+
+
+def chosen_processes(
+    backends: Backends, args: argparse.Namespace, *, with_locust: bool
+) -> list[str]:
+    """The Procfile's processes this run starts: web, worker and one beat always; the Locust UI
+    when its scenario is in the checkout; Flower when asked (make run FLOWER_PORT=5555); the
+    embedded Redis when no Redis was found."""
+    processes = ["web", "worker", "beat"]
+    if with_locust:
+        processes.append("locust")
+    if args.flower_port:
+        processes.append("flower")
+    if backends.embedded_redis:
+        processes.insert(0, "redis")
+    return processes
 
 
 def write_env(values: dict[str, str]) -> None:
@@ -307,6 +325,9 @@ def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -
         lines.append(f"  Locust    http://{args.host}:{args.locust_port}/   ({LOCUSTFILE})")
     else:
         lines.append(f"  Locust    off: {LOCUSTFILE} is not in this checkout")
+    lines.append(f"  metrics   {web}/metrics   (Prometheus; from this machine)")
+    if args.flower_port:
+        lines.append(f"  Flower    http://{args.host}:{args.flower_port}/   (Celery tasks)")
     lines += [
         f"  database  {backends.database_note}",
         f"  redis     {backends.redis_note}",
@@ -337,13 +358,9 @@ def run(args: argparse.Namespace) -> int:
         say("embedded mode: fine to click around, but numbers from it are not benchmarks")
 
     with_locust = (ROOT / LOCUSTFILE).exists()
-    processes = ["web", "worker", "beat"]
-    if with_locust:
-        processes.append("locust")
-    else:
+    processes = chosen_processes(backends, args, with_locust=with_locust)
+    if not with_locust:
         say(f"Locust UI off: {LOCUSTFILE} is not in this checkout")
-    if backends.embedded_redis:
-        processes.insert(0, "redis")
     say("preparing the database (migrate, static files, demo admin, bench users)")
     prepare(demo_admin=backends.demo_admin)
 
@@ -467,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--web-workers", type=int, default=2)
     start.add_argument("--web-threads", type=int, default=32)
     start.add_argument("--worker-concurrency", type=int, default=2)
+    start.add_argument("--flower-port", type=int, default=0, help="start Flower there (0: off)")
     start.add_argument("--ready-timeout", type=float, default=120.0)
     commands.add_parser("redis", help="the embedded Redis (the Procfile's `redis` process)")
     args = parser.parse_args(argv)

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "redpack.api.middleware.RequestIdMiddleware",  # first: every log line of a request has it
     "django.middleware.security.SecurityMiddleware",
     "redpack.api.middleware.RequestSizeLimitMiddleware",
     "redpack.api.middleware.CredentialThrottleMiddleware",
@@ -168,6 +169,9 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Worker logs go through LOGGING below (structured), not Celery's own format.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Task events (sent, received, started, succeeded, failed) for Flower and `celery events`.
+CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=True)
+CELERY_TASK_SEND_SENT_EVENT = env.bool("CELERY_TASK_EVENTS", default=True)
 # The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
 REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
 # redis_queue_async's persister (strategies/redis_queue_async/persister.py): how often beat
@@ -331,6 +335,23 @@ try:
         ipaddress.ip_network(_network, strict=False)
 except ValueError as exc:
     raise ImproperlyConfigured(f"REDPACK_METRICS_NETWORKS: {exc}") from exc
+
+# Errors to Sentry (sentry-sdk, a core dependency) from the web, worker and beat processes, only
+# when SENTRY_DSN is set; no personal data is sent, and no performance traces unless
+# SENTRY_TRACES_SAMPLE_RATE (a share, 0 to 1) asks for them.
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+    from sentry_sdk.integrations.django import DjangoIntegration
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="production"),
+        integrations=[DjangoIntegration(), CeleryIntegration()],
+        traces_sample_rate=env.float("SENTRY_TRACES_SAMPLE_RATE", default=0.0),
+        send_default_pii=False,
+    )
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

@@ -121,13 +121,20 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
 
 @contextmanager
 def celery_worker(
-    schedule: Path, *, pause: str | None = None, **env: str
+    schedule: Path,
+    *,
+    pause: str | None = None,
+    log: Path | None = None,
+    beat: bool = True,
+    **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all).
 
     `pause` ("before_commit:300"): the persister stops there in every batch
-    (tests/paused_worker.py)."""
+    (tests/paused_worker.py). `log`: its output goes to that file. Without `beat`, it runs only
+    the tasks a test enqueues."""
     launcher = ["tests.paused_worker", pause] if pause else ["celery"]
+    output = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [
             sys.executable,
@@ -136,7 +143,7 @@ def celery_worker(
             "-A",
             "redpack",
             "worker",
-            "-B",
+            *(["-B"] if beat else []),
             "--pool",
             "solo",
             "--loglevel",
@@ -147,6 +154,8 @@ def celery_worker(
         cwd=ROOT,
         env=service_env(**env),
         start_new_session=True,
+        stdout=output,
+        stderr=output,
     )
     try:
         yield process
@@ -158,3 +167,5 @@ def celery_worker(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+        if output:
+            output.close()

@@ -4,6 +4,7 @@
 MariaDB and Redis keep running for everybody else.
 """
 
+import argparse
 import json
 import os
 import signal
@@ -147,3 +148,11 @@ def test_settings_accept_sqlite_with_immediate_transactions(tmp_path):
     assert db["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
     assert db["OPTIONS"]["timeout"] > 0
     assert "charset" not in db["OPTIONS"] and "isolation_level" not in db["OPTIONS"]
+
+
+def test_flower_starts_only_when_asked_and_the_embedded_redis_first():
+    backends = launch.decide({"REDPACK_LOCAL_MYSQL": "off", "REDPACK_LOCAL_REDIS": "off"})
+    off, on = argparse.Namespace(flower_port=0), argparse.Namespace(flower_port=5555)
+    chosen = launch.chosen_processes(backends, off, with_locust=True)
+    assert chosen == ["redis", "web", "worker", "beat", "locust"]
+    assert launch.chosen_processes(backends, on, with_locust=False)[-1] == "flower"

@@ -3,17 +3,19 @@
 import json
 import logging
 import sys
+import time
 
 import pytest
 from django.conf import settings
 from django.db import OperationalError
 from django.test import override_settings
 
-from redpack import services
+from redpack import logs, services, tasks
 from redpack.logs import JsonFormatter, PlainFormatter
 from strategies.base import Outcome
 
 from .dummy_strategies import DUMMIES
+from .servers import celery_worker
 
 
 def record_with_traceback() -> logging.LogRecord:
@@ -93,3 +95,42 @@ def test_lock_timeouts_are_recognised():
     assert services.is_lock_timeout(OperationalError(1213, "Deadlock found"))
     assert services.is_lock_timeout(OperationalError("database is locked"))
     assert not services.is_lock_timeout(OperationalError(2006, "MySQL server has gone away"))
+
+
+@pytest.mark.django_db
+def test_a_request_id_is_taken_or_made_echoed_and_on_every_line(client, sender, caplog):
+    caplog.set_level(logging.INFO, logger="redpack")
+    client.force_login(sender)
+    response = client.post(
+        "/api/activities/",
+        {"total_amount": "1.00", "total_count": 1, "strategy": "pessimistic"},
+        content_type="application/json",
+        HTTP_X_REQUEST_ID="checkout-42",
+    )
+    assert response.status_code == 201 and response["X-Request-ID"] == "checkout-42"
+    (sent,) = [r for r in caplog.records if getattr(r, "event", None) == "activity_sent"]
+    assert json.loads(JsonFormatter().format(sent))["request_id"] == "checkout-42"
+    assert logs.request_id.get() is None  # not left behind for the thread's next request
+    made = client.get("/healthz", HTTP_X_REQUEST_ID="not valid\n")["X-Request-ID"]
+    assert len(made) == 32 and made != client.get("/healthz")["X-Request-ID"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker(tmp_path):
+    """The id travels in the task's headers through the real broker to a real worker, whose
+    JSON lines carry it (here on the task_failed line of a refund of no activity)."""
+    log = tmp_path / "worker.log"
+    token = logs.request_id.set("req-from-web-7")
+    try:
+        with celery_worker(tmp_path / "schedule", log=log, beat=False, LOG_FORMAT="json"):
+            tasks.refund_activity.delay(2**40)
+            deadline = time.monotonic() + 60
+            failed: list[dict] = []
+            while not failed and time.monotonic() < deadline:
+                lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+                failed = [x for x in lines if x.get("event") == "task_failed"]
+                time.sleep(0.2)
+    finally:
+        logs.request_id.reset(token)
+    assert failed and failed[0]["request_id"] == "req-from-web-7"
+    assert failed[0]["task"] == "redpack.tasks.refund_activity"
