@@ -53,6 +53,8 @@ test: $(VENV)/.installed-dev
 
 # Every strategy through the direct bench and Locust next to this machine's ceilings; writes
 # reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
+# Inside the image (compose's `compare` profile) the dependencies are there already:
+# make compare PY=python LAB_EXTRAS=image -o .venv/.installed-image -o .env
 COMPARE_ARGS ?=
 compare: $(VENV)/.installed-$(LAB_EXTRAS) .env
 	$(PY) manage.py create_database

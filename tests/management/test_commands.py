@@ -1,11 +1,12 @@
 import csv
+import io
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from redpack import services
+from redpack import health, services
 
 pytestmark = pytest.mark.django_db
 
@@ -35,3 +36,13 @@ def test_create_demo_admin_never_resets_an_existing_user():
     call_command("create_demo_admin", "--username", "demo", "--password", "demo-pass-2")
     user = get_user_model().objects.get(username="demo")
     assert user.is_staff and user.is_superuser and user.check_password("demo-pass-1")
+
+
+def test_health_fails_a_probe_until_a_worker_ran_the_heartbeat():
+    out = io.StringIO()
+    call_command("health", stdout=out)  # the database and Redis answer: not down
+    assert "database=ok redis=ok" in out.getvalue()
+    with pytest.raises(CommandError, match="not ok: worker"):
+        call_command("health", "--require", "worker", stdout=io.StringIO())
+    health.record_heartbeat()
+    call_command("health", "--require", "worker", stdout=io.StringIO())
