@@ -126,13 +126,14 @@ def celery_worker(
     pause: str | None = None,
     log: Path | None = None,
     beat: bool = True,
+    queue: str | None = None,
     **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all).
 
     `pause` ("before_commit:300"): the persister stops there in every batch
     (tests/paused_worker.py). `log`: its output goes to that file. Without `beat`, it runs only
-    the tasks a test enqueues."""
+    the tasks a test enqueues; with `queue`, only those sent to that queue."""
     launcher = ["tests.paused_worker", pause] if pause else ["celery"]
     output = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -144,6 +145,7 @@ def celery_worker(
             "redpack",
             "worker",
             *(["-B"] if beat else []),
+            *(["--queues", queue] if queue else []),
             "--pool",
             "solo",
             "--loglevel",

@@ -4,6 +4,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 
 import pytest
 from django.conf import settings
@@ -120,10 +121,13 @@ def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker(tmp_path):
     """The id travels in the task's headers through the real broker to a real worker, whose
     JSON lines carry it (here on the task_failed line of a refund of no activity)."""
     log = tmp_path / "worker.log"
+    queue = f"request-id-{uuid.uuid4().hex}"  # not the runs other tests' beats left queued
     token = logs.request_id.set("req-from-web-7")
     try:
-        with celery_worker(tmp_path / "schedule", log=log, beat=False, LOG_FORMAT="json"):
-            tasks.refund_activity.delay(2**40)
+        with celery_worker(
+            tmp_path / "schedule", log=log, beat=False, queue=queue, LOG_FORMAT="json"
+        ):
+            tasks.refund_activity.apply_async((2**40,), queue=queue)
             deadline = time.monotonic() + 60
             failed: list[dict] = []
             while not failed and time.monotonic() < deadline:
