@@ -127,7 +127,8 @@ def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker(tmp_path):
         with celery_worker(
             tmp_path / "schedule", log=log, beat=False, queue=queue, LOG_FORMAT="json"
         ):
-            tasks.refund_activity.apply_async((2**40,), queue=queue)
+            # An id that is no number: the task fails before it asks MySQL anything.
+            tasks.refund_activity.apply_async(("no-such-activity",), queue=queue)
             deadline = time.monotonic() + 60
             failed: list[dict] = []
             while not failed and time.monotonic() < deadline:
@@ -136,5 +137,6 @@ def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker(tmp_path):
                 time.sleep(0.2)
     finally:
         logs.request_id.reset(token)
-    assert failed and failed[0]["request_id"] == "req-from-web-7"
+    assert failed, log.read_text()[-3000:]
+    assert failed[0]["request_id"] == "req-from-web-7"
     assert failed[0]["task"] == "redpack.tasks.refund_activity"
