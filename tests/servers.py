@@ -121,21 +121,13 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
 
 @contextmanager
 def celery_worker(
-    schedule: Path,
-    *,
-    pause: str | None = None,
-    log: Path | None = None,
-    beat: bool = True,
-    queue: str | None = None,
-    **env: str,
+    schedule: Path, *, pause: str | None = None, **env: str
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A redpack worker -B` in a process group of its own (so SIGKILL takes it all).
 
     `pause` ("before_commit:300"): the persister stops there in every batch
-    (tests/paused_worker.py). `log`: its output goes to that file. Without `beat`, it runs only
-    the tasks a test enqueues; with `queue`, only those sent to that queue."""
+    (tests/paused_worker.py)."""
     launcher = ["tests.paused_worker", pause] if pause else ["celery"]
-    output = open(log, "wb") if log else None  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [
             sys.executable,
@@ -144,8 +136,7 @@ def celery_worker(
             "-A",
             "redpack",
             "worker",
-            *(["-B"] if beat else []),
-            *(["--queues", queue] if queue else []),
+            "-B",
             "--pool",
             "solo",
             "--loglevel",
@@ -156,8 +147,6 @@ def celery_worker(
         cwd=ROOT,
         env=service_env(**env),
         start_new_session=True,
-        stdout=output,
-        stderr=output,
     )
     try:
         yield process
@@ -169,5 +158,3 @@ def celery_worker(
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
-        if output:
-            output.close()

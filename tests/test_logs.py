@@ -7,16 +7,16 @@ import time
 import uuid
 
 import pytest
+from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import OperationalError
 from django.test import override_settings
 
-from redpack import logs, services, tasks
+from redpack import celery_app, logs, services, tasks
 from redpack.logs import JsonFormatter, PlainFormatter
 from strategies.base import Outcome
 
 from .dummy_strategies import DUMMIES
-from .servers import celery_worker
 
 
 def record_with_traceback() -> logging.LogRecord:
@@ -116,27 +116,49 @@ def test_a_request_id_is_taken_or_made_echoed_and_on_every_line(client, sender, 
     assert len(made) == 32 and made != client.get("/healthz")["X-Request-ID"]
 
 
+class Kept(logging.Handler):
+    """The records of one logger, kept (on that logger itself: the worker's start-up configures
+    logging again, which takes the root's handlers away, caplog's included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker(tmp_path):
-    """The id travels in the task's headers through the real broker to a real worker, whose
-    JSON lines carry it (here on the task_failed line of a refund of no activity)."""
-    log = tmp_path / "worker.log"
+def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker():
+    """The id travels in the task's headers through the real broker to a Celery worker (Celery's
+    own test worker, in a thread of this process), whose lines while it runs the task carry it
+    (here the task_failed line of a refund of no activity, which fails before asking MySQL)."""
+    kept = Kept()
+    task_logger = logging.getLogger("redpack.tasks")
+    task_logger.addHandler(kept)
     queue = f"request-id-{uuid.uuid4().hex}"  # not the runs other tests' beats left queued
     token = logs.request_id.set("req-from-web-7")
     try:
-        with celery_worker(
-            tmp_path / "schedule", log=log, beat=False, queue=queue, LOG_FORMAT="json"
-        ):
-            # An id that is no number: the task fails before it asks MySQL anything.
-            tasks.refund_activity.apply_async(("no-such-activity",), queue=queue)
-            deadline = time.monotonic() + 60
-            failed: list[dict] = []
-            while not failed and time.monotonic() < deadline:
-                lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
-                failed = [x for x in lines if x.get("event") == "task_failed"]
-                time.sleep(0.2)
+        result = tasks.refund_activity.apply_async(("no-such-activity",), queue=queue)
     finally:
         logs.request_id.reset(token)
-    assert failed, log.read_text()[-3000:]
-    assert failed[0]["request_id"] == "req-from-web-7"
-    assert failed[0]["task"] == "redpack.tasks.refund_activity"
+    try:
+        with start_worker(
+            celery_app, pool="solo", queues=[queue], perform_ping_check=False, shutdown_timeout=30
+        ):
+            deadline = time.monotonic() + 60
+            while not failed_lines(kept, result.id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        task_logger.removeHandler(kept)
+    (line,) = failed_lines(kept, result.id)
+    assert line.request_id == "req-from-web-7"  # type: ignore[attr-defined]
+    assert logs.request_id.get() is None  # the worker's thread had its own
+
+
+def failed_lines(kept: Kept, task_id: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in kept.records
+        if getattr(r, "event", None) == "task_failed" and getattr(r, "task_id", None) == task_id
+    ]
