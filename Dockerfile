@@ -15,9 +15,9 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-# The extras by role (pyproject.toml): the MySQL driver, and the lab for the Locust processes
-# and `manage.py compare`. A web/worker-only image: --build-arg EXTRAS=mysql.
-ARG EXTRAS=mysql,lab
+# The extras by role (pyproject.toml): the MySQL driver, the lab for the Locust processes and
+# `make compare`, `run` for Flower. A web/worker-only image: --build-arg EXTRAS=mysql.
+ARG EXTRAS=mysql,lab,run
 # Dependencies first, so code changes do not reinstall them.
 COPY pyproject.toml ./
 COPY redpack/__init__.py redpack/__init__.py
@@ -27,7 +27,10 @@ COPY . .
 RUN pip install --no-deps . \
     && SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput --verbosity 0
 
-RUN useradd --create-home --uid 1000 redpack && mkdir -p /data && chown redpack /data
+# /app/reports: where `make compare` writes (compose mounts a volume there, which starts with the
+# published comparison that the admin shows).
+RUN useradd --create-home --uid 1000 redpack && mkdir -p /data /app/reports \
+    && chown redpack /data && chown -R redpack /app/reports
 USER redpack
 
 EXPOSE 8000 8089

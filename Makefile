@@ -9,6 +9,8 @@ LOCUST_PORT ?= 8089
 WEB_WORKERS ?= 2
 WEB_THREADS ?= 32
 WORKER_CONCURRENCY ?= 2
+# Flower (Celery's task monitor) beside the rest: make run FLOWER_PORT=5555. Off when empty.
+FLOWER_PORT ?=
 # The MySQL driver compiles against the client headers (pkg-config, libmariadb-dev). Without
 # them the install leaves it out: `make run` falls back to SQLite, `make test` asks for them.
 MYSQL_HEADERS := $(shell pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists mariadb 2>/dev/null && echo yes)
@@ -43,7 +45,7 @@ install: $(VENV)/.installed-$(RUN_EXTRAS)
 run: $(VENV)/.installed-$(RUN_EXTRAS) .env
 	$(PY) -m redpack.launch run --host $(HOST) --port $(PORT) --locust-port $(LOCUST_PORT) \
 		--web-workers $(WEB_WORKERS) --web-threads $(WEB_THREADS) \
-		--worker-concurrency $(WORKER_CONCURRENCY)
+		--worker-concurrency $(WORKER_CONCURRENCY) $(if $(FLOWER_PORT),--flower-port $(FLOWER_PORT),)
 
 # The tests talk to the real MariaDB: they need the MySQL driver, hence its headers.
 test: $(VENV)/.installed-dev
@@ -51,6 +53,8 @@ test: $(VENV)/.installed-dev
 
 # Every strategy through the direct bench and Locust next to this machine's ceilings; writes
 # reports/compare.{md,png,json}. Shorter runs: make compare COMPARE_ARGS="--hot-users 2000 ..."
+# Inside the image (compose's `compare` profile) the dependencies are there already:
+# make compare PY=python LAB_EXTRAS=image -o .venv/.installed-image -o .env
 COMPARE_ARGS ?=
 compare: $(VENV)/.installed-$(LAB_EXTRAS) .env
 	$(PY) manage.py create_database

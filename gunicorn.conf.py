@@ -11,6 +11,44 @@ it; 4096 on this machine), and each worker holds up to `worker_connections` conn
 """
 
 import os
+import shutil
+import tempfile
 
 backlog = int(os.environ.get("REDPACK_WEB_BACKLOG", "4096"))
 worker_connections = int(os.environ.get("REDPACK_WEB_CONNECTIONS", "10000"))
+# gunicorn's access line, with the request id the app gave the response (redpack/logs.py).
+access_log_format = (
+    '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %({x-request-id}o)s'
+)
+
+# /metrics sums this server's workers (prometheus-client's multiprocess mode, redpack/metrics.py):
+# every worker writes its counters to files in PROMETHEUS_MULTIPROC_DIR, which must belong to
+# this server alone and start empty. Set, it is emptied at start; unset, each server makes a
+# fresh directory of its own (removed when it stops). Workers load the app after these hooks ran
+# (no preload), so they all see the variable.
+_own_metrics_dir: list[str] = []
+
+
+def on_starting(server):  # type: ignore[no-untyped-def]
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".db"):
+                os.remove(os.path.join(directory, name))
+    else:
+        directory = tempfile.mkdtemp(prefix="redpack-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        _own_metrics_dir.append(directory)
+
+
+def child_exit(server, worker):  # type: ignore[no-untyped-def]
+    """A worker that is gone no longer counts in live gauges (its counters stay summed)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):  # type: ignore[no-untyped-def]
+    for directory in _own_metrics_dir:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -8,9 +8,10 @@ class RedpackConfig(AppConfig):
     def ready(self) -> None:
         from strategies import registry
 
-        from . import checks, signals
+        from . import checks, logs, signals
         from .api import schema  # noqa: F401 - registers the OpenAPI extensions
 
         registry.register_checks()
         checks.register()
         signals.connect()
+        logs.carry_request_ids()

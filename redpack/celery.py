@@ -4,6 +4,8 @@ from typing import Any
 
 from celery import Celery, signals
 
+from redpack import logs
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "redpack.settings")
 
 app = Celery("redpack")
@@ -25,3 +27,22 @@ def log_task_failure(sender: Any = None, task_id: str | None = None, **kwargs: A
             "error": repr(kwargs.get("exception")),
         },
     )
+
+
+@signals.before_task_publish.connect
+def carry_request_id(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    """A task enqueued while a request (or a task) has an id carries it in its headers."""
+    current = logs.request_id.get()
+    if current is not None and headers is not None:
+        headers.setdefault("request_id", current)
+
+
+@signals.task_prerun.connect
+def adopt_request_id(task: Any = None, **kwargs: Any) -> None:
+    """The worker's lines while it runs the task carry the id of the request that enqueued it."""
+    logs.request_id.set(getattr(task.request, "request_id", None) if task else None)
+
+
+@signals.task_postrun.connect
+def drop_request_id(**kwargs: Any) -> None:
+    logs.request_id.set(None)

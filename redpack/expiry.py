@@ -85,6 +85,17 @@ def postpone(activity_id: int, *, now: float | None = None) -> float:
     return delay
 
 
+def refund_lag(*, now: float | None = None) -> tuple[int, float]:
+    """Refunds due and not under way (no lease, no postponement running), and how many seconds
+    the oldest of them is late (0 when none): two reads of the ZSET, for /metrics."""
+    now_ms = int((time.time() if now is None else now) * 1000)
+    client = redis_client()
+    due = int(client.zcount(EXPIRY_KEY, "-inf", now_ms))  # type: ignore[arg-type]
+    oldest = client.zrange(EXPIRY_KEY, 0, 0, withscores=True)
+    late_ms = now_ms - oldest[0][1] if due and oldest else 0  # type: ignore[index]
+    return due, max(0.0, late_ms / 1000)
+
+
 def forget(activity_id: int) -> None:
     client = redis_client()
     client.zrem(EXPIRY_KEY, str(activity_id))

@@ -34,7 +34,7 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from redpack import selectors
+from redpack import metrics, selectors
 from redpack.models import GrabDetail
 from redpack.money import to_cents
 from strategies import registry
@@ -142,6 +142,7 @@ def learn(activity_id: int, result: GrabResult) -> None:
         else:
             client.eval(_SHARE_SOLD_OUT, 1, key(activity_id), ttl_ms)
     except RedisError as exc:
+        metrics.store_error(exc, "finished_flag")
         logger.warning("activity %s: could not share that it is %s: %s", activity_id, result, exc)
 
 

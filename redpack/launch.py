@@ -220,6 +220,8 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
         "REDPACK_LOCUST_PORT": str(args.locust_port),
         "REDPACK_LOCUST_URL": locust_url(args) if (ROOT / LOCUSTFILE).exists() else "",
         "REDPACK_EMBEDDED": backends.embedded_parts,
+        "REDPACK_FLOWER_HOST": args.host,
+        "REDPACK_FLOWER_PORT": str(args.flower_port),
         "REDPACK_USERS_CSV": str(RUN_DIR / "bench-users.csv"),
         "LOG_FORMAT": os.environ.get("LOG_FORMAT", "plain"),  # people read `make run`
         "PYTHONUNBUFFERED": "1",  # log lines reach honcho as they happen
@@ -232,6 +234,22 @@ def run_environment(backends: Backends, args: argparse.Namespace) -> dict[str, s
 
 def locust_url(args: argparse.Namespace) -> str:
     return f"http://{args.host}:{args.locust_port}/"
+
+
+def chosen_processes(
+    backends: Backends, args: argparse.Namespace, *, with_locust: bool
+) -> list[str]:
+    """The Procfile's processes this run starts: web, worker and one beat always; the Locust UI
+    when its scenario is in the checkout; Flower when asked (make run FLOWER_PORT=5555); the
+    embedded Redis when no Redis was found."""
+    processes = ["web", "worker", "beat"]
+    if with_locust:
+        processes.append("locust")
+    if args.flower_port:
+        processes.append("flower")
+    if backends.embedded_redis:
+        processes.insert(0, "redis")
+    return processes
 
 
 def write_env(values: dict[str, str]) -> None:
@@ -325,6 +343,9 @@ def banner(backends: Backends, args: argparse.Namespace, *, with_locust: bool) -
         lines.append(f"  Locust    {locust_url(args)}   ({LOCUSTFILE})")
     else:
         lines.append(f"  Locust    off: {LOCUSTFILE} is not in this checkout")
+    lines.append(f"  metrics   {web}/metrics   (Prometheus; from this machine)")
+    if args.flower_port:
+        lines.append(f"  Flower    http://{args.host}:{args.flower_port}/   (Celery tasks)")
     lines += [
         f"  database  {backends.database_note}",
         f"  redis     {backends.redis_note}",
@@ -381,13 +402,9 @@ def run(args: argparse.Namespace) -> int:
         say("embedded mode: fine to click around, but numbers from it are not benchmarks")
 
     with_locust = (ROOT / LOCUSTFILE).exists()
-    processes = ["web", "worker", "beat"]
-    if with_locust:
-        processes.append("locust")
-    else:
+    processes = chosen_processes(backends, args, with_locust=with_locust)
+    if not with_locust:
         say(f"Locust UI off: {LOCUSTFILE} is not in this checkout")
-    if backends.embedded_redis:
-        processes.insert(0, "redis")
     say("preparing the database (migrate, static files, demo admin, bench users)")
     prepare(demo_admin=backends.demo_admin)
 
@@ -523,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--web-workers", type=int, default=2)
     start.add_argument("--web-threads", type=int, default=32)
     start.add_argument("--worker-concurrency", type=int, default=2)
+    start.add_argument("--flower-port", type=int, default=0, help="start Flower there (0: off)")
     start.add_argument("--ready-timeout", type=float, default=120.0)
     commands.add_parser("redis", help="the embedded Redis (the Procfile's `redis` process)")
     args = parser.parse_args(argv)

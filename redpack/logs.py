@@ -12,15 +12,54 @@ The names in use, so that a log search can rely on them:
                     could not be written to the database (redpack/persist.py; status `retrying`:
                     it is retried, `dead`: it waits in the admin's Persist failures)
 - `task_failed`     task, task_id, error: a Celery task raised
+
+Every line also carries `request_id` while one is known: the web request's (its X-Request-ID
+header, or one made up; echoed in the response: redpack/api/middleware.py), carried in the
+headers of any Celery task enqueued meanwhile, and so on the lines of the worker that runs it
+(redpack/celery.py).
 """
 
 import json
 import logging
+import re
+import uuid
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+# The id of the request (or of the task enqueued by one) this thread is working for.
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+REQUEST_ID_HEADER = "X-Request-ID"
+_FOREIGN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # what a caller's id may look like
+
+
+def request_id_from(header: str | None) -> str:
+    """The caller's request id when it looks like one, else a new one."""
+    if header and _FOREIGN_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
+
+
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+def carry_request_ids() -> None:
+    """From now on every log record made while a request id is known carries it (set when the
+    record is made, so a handler that formats later still has it). Called once at start-up."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "carries_request_id", False):
+        return
+
+    def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        current = request_id.get()
+        if current is not None:
+            record.request_id = current
+        return record
+
+    make_record.carries_request_id = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(make_record)
 
 
 def extra_fields(record: logging.LogRecord) -> dict[str, Any]:

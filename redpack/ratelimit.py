@@ -18,6 +18,8 @@ from django_redis import get_redis_connection
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 
+from redpack import metrics
+
 logger = logging.getLogger(__name__)
 
 PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -40,20 +42,23 @@ class Rate:
 class Window:
     """The current window of one (scope, who, rate): its Redis key and when it ends."""
 
+    scope: str
     key: str
     rate: Rate
     ends_at: float
 
     def wait(self, count: int, now: float) -> float | None:
-        """None when `count` requests fit the window, else the seconds until it ends."""
+        """None when `count` requests fit the window, else the seconds until it ends (the one
+        place a request is found over its rate: counted in metrics.THROTTLED)."""
         if count <= self.rate.limit:
             return None
+        metrics.THROTTLED.labels(self.scope).inc()
         return max(1.0, math.ceil(self.ends_at - now))
 
 
 def window(scope: str, who: str, rate: Rate, now: float) -> Window:
     index = int(now // rate.seconds)
-    return Window(f"rp:rate:{scope}:{who}:{index}", rate, (index + 1) * rate.seconds)
+    return Window(scope, f"rp:rate:{scope}:{who}:{index}", rate, (index + 1) * rate.seconds)
 
 
 def count(pipe: Pipeline, current: Window) -> None:

@@ -12,7 +12,15 @@ from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
 from .errors import Forbidden, NotFound
-from .models import Account, Activity, ActivityStatus, GrabDetail, JournalLine, Refund
+from .models import (
+    Account,
+    Activity,
+    ActivityStatus,
+    GrabDetail,
+    JournalLine,
+    PersistFailure,
+    Refund,
+)
 
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
@@ -121,3 +129,9 @@ def activities_with_live_state(*, strategies: Collection[str]) -> QuerySet[Activ
         status=ActivityStatus.OPEN,
         expires_at__gt=timezone.now() - grace,
     ).order_by("-pk")
+
+
+def persist_failure_counts() -> dict[str, int]:
+    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved)."""
+    rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
+    return {status: n for status, n in rows}

@@ -2,6 +2,7 @@
 validation.py)."""
 
 import logging
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -11,7 +12,7 @@ from django.utils import timezone
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 
-from . import allocation, expiry, finished, ledger, selectors, shedding, validation
+from . import allocation, expiry, finished, ledger, metrics, selectors, shedding, validation
 from .errors import NotFound, RedpackError
 from .models import Activity
 from .money import from_cents
@@ -86,13 +87,45 @@ def activity_grab(
     """One grab by one user: answered at once when the activity is known to be finished
     (finished.py; `finished_hint` and `finished_ttl_ms`: what the request's gate read of it in
     Redis); when `bounded` (a web request), refused `contended` at once if the activity's line
-    in this process is full (shedding.py); else answered by the activity's strategy."""
+    in this process is full (shedding.py); else answered by the activity's strategy.
+
+    Every answer of an existing activity, and every error instead of one, is counted here once
+    (metrics.py: by strategy and outcome, with the time it took)."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
+    strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
+    started = time.perf_counter()
+    try:
+        result = _grab(
+            activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
+        )
+    except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
+        metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
+        metrics.store_error(exc, "grab")
+        raise
+    except Exception as exc:
+        metrics.grab_answered(strategy_name, "error", time.perf_counter() - started)
+        metrics.store_error(exc, "grab")
+        raise
+    metrics.grab_answered(
+        strategy_name, metrics.outcome_label(result), time.perf_counter() - started
+    )
+    return result
+
+
+def _grab(
+    activity_id: int,
+    user_id: int,
+    strategy_name: str,
+    finished_hint: str | bytes | None,
+    finished_ttl_ms: int | None,
+    *,
+    bounded: bool,
+) -> GrabResult:
     known = finished.answer(activity_id, user_id, finished_hint, finished_ttl_ms)
     if known is not None:
         return known
-    strategy = registry.get(selectors.activity_strategy(activity_id))
+    strategy = registry.get(strategy_name)
     ids = {"activity": activity_id, "user": user_id}
     with shedding.place(activity_id, bounded=bounded) as placed:
         if not placed:
@@ -108,6 +141,7 @@ def activity_grab(
                 logger.warning(
                     "grab lock timeout", extra={"event": "lock_timeout", "error": exc, **ids}
                 )
+                metrics.store_error(exc, "grab_lock_wait")
                 return GrabResult(Outcome.CONTENDED)
             logger.exception("grab failed", extra={"event": "grab_failed", **ids})
             raise

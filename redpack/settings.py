@@ -4,6 +4,7 @@ Every value can be set by an environment variable or a `.env` file in the reposi
 (`make run` writes one with a fresh SECRET_KEY the first time).
 """
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,7 +39,7 @@ CSRF_COOKIE_SECURE = HTTPS
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if HTTPS else 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
@@ -60,6 +61,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "redpack.api.middleware.RequestIdMiddleware",  # first: every log line of a request has it
     "django.middleware.security.SecurityMiddleware",
     "redpack.api.middleware.RequestSizeLimitMiddleware",
     "redpack.api.middleware.CredentialThrottleMiddleware",
@@ -169,6 +171,9 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Worker logs go through LOGGING below (structured), not Celery's own format.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Task events (sent, received, started, succeeded, failed) for Flower and `celery events`.
+CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=True)
+CELERY_TASK_SEND_SENT_EVENT = env.bool("CELERY_TASK_EVENTS", default=True)
 # The worker heartbeat travels beat -> broker -> worker -> Redis; /healthz reads its age.
 REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
 # redis_queue_async's persister (strategies/redis_queue_async/persister.py): how often beat
@@ -347,6 +352,34 @@ REDPACK_SHED_RETRY_AFTER = env.int("REDPACK_SHED_RETRY_AFTER", default=1)
 # ribbon on every page (empty: nothing embedded).
 REDPACK_LOCUST_URL = env.str("REDPACK_LOCUST_URL", default="")
 REDPACK_EMBEDDED = env.str("REDPACK_EMBEDDED", default="")
+
+# GET /metrics (redpack/exposition.py): loopback addresses may read it, so may these networks
+# (comma-separated CIDRs, default none) and anyone sending `Authorization: Bearer <token>`
+# with this token (default empty: no token accepted).
+REDPACK_METRICS_TOKEN = env.str("REDPACK_METRICS_TOKEN", default="")
+REDPACK_METRICS_NETWORKS = env.list("REDPACK_METRICS_NETWORKS", default=[])
+try:
+    for _network in REDPACK_METRICS_NETWORKS:
+        ipaddress.ip_network(_network, strict=False)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"REDPACK_METRICS_NETWORKS: {exc}") from exc
+
+# Errors to Sentry (sentry-sdk, a core dependency) from the web, worker and beat processes, only
+# when SENTRY_DSN is set; no personal data is sent, and no performance traces unless
+# SENTRY_TRACES_SAMPLE_RATE (a share, 0 to 1) asks for them.
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+    from sentry_sdk.integrations.django import DjangoIntegration
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="production"),
+        integrations=[DjangoIntegration(), CeleryIntegration()],
+        traces_sample_rate=env.float("SENTRY_TRACES_SAMPLE_RATE", default=0.0),
+        send_default_pii=False,
+    )
 
 # One line per event: JSON objects in production (the default unless DEBUG), `plain` for people.
 # Events carry `extra={"event": ...}` and their ids; see redpack/logs.py for the names.

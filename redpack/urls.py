@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from redpack.api.views import HealthDetailsView, healthz
+from redpack.api.views import HealthDetailsView, healthz, metrics
 from redpack.views import home
 
 urlpatterns = [
@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/", include("redpack.api.urls")),
     path("healthz", healthz, name="healthz"),
     path("healthz/details", HealthDetailsView.as_view(), name="healthz-details"),
+    path("metrics", metrics, name="metrics"),
 ]
 
 handler400 = "redpack.api.handlers.bad_request"

@@ -19,13 +19,16 @@ Every other caller waits on its own gate for its answer, or for the lead. So:
 raised in that member's thread. If `run_batch` itself raises, every member of the batch raises
 that exception and the next pending caller leads the next batch.
 
-Batch sizes are counted per process (`batch_sizes()`), for the lab's histogram.
+Batch sizes are counted per process (`batch_sizes()`), for the lab's histogram, and in
+redpack_batch_size for /metrics.
 """
 
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
+
+from redpack import metrics
 
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
@@ -136,6 +139,7 @@ class Combiner(Generic[Item, Answer]):
                 member.taken = True
         with _sizes_lock:
             _sizes[size] += 1
+        metrics.BATCH_SIZE.observe(size)
         try:
             answers: Sequence[Answer | BaseException] = self.run_batch(
                 key, [member.item for member in batch]

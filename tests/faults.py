@@ -10,6 +10,9 @@
 - `cut_before(trigger, times=1)`: the connection is closed instead of forwarding the request:
   the server never sees it.
 
+`RoundRobinProxy` spreads connections over several servers in turn (two web servers behind one
+address, as behind nginx or HAProxy).
+
 The proxy works on whole reads of the client's socket; the clients used here (redis-py,
 mysqlclient) send each command in one write, small enough for one read.
 """
@@ -73,6 +76,9 @@ class FaultProxy:
         with self.lock:
             self.fault = None
 
+    def _connect(self) -> socket.socket:
+        return socket.create_connection(self.target)
+
     def _take_fault(self, data: bytes) -> _Fault | None:
         with self.lock:
             fault = self.fault
@@ -91,7 +97,7 @@ class FaultProxy:
                     client, _ = server.accept()
                 except TimeoutError:
                     continue
-                upstream = socket.create_connection(self.target)
+                upstream = self._connect()
                 with self.lock:
                     self.sockets += [client, upstream]
                 swallow: list[_Fault] = []  # the fault whose reply is now dropped
@@ -140,3 +146,19 @@ def _close(sock: socket.socket) -> None:
     with suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+class RoundRobinProxy(FaultProxy):
+    """A load balancer in miniature: each new connection goes to the next of `targets` in turn
+    (the faults above work as well)."""
+
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        self.targets = targets
+        self.connections = 0
+        super().__init__(targets[0])
+
+    def _connect(self) -> socket.socket:
+        with self.lock:
+            target = self.targets[self.connections % len(self.targets)]
+            self.connections += 1
+        return socket.create_connection(target)

@@ -1,19 +1,23 @@
 """Real server processes for tests: gunicorn serving the test database and test Redis, a Celery
 worker (that a test may pause and SIGKILL), and what a test watches them by."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"  # screenshots of the browser tests (gitignored)
@@ -53,6 +57,7 @@ def service_env(**extra: str) -> dict[str, str]:
         "SECRET_KEY": settings.SECRET_KEY,
         "DEBUG": "0",
     }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server makes its own (gunicorn.conf.py)
     env.update(extra)
     return env
 
@@ -71,9 +76,41 @@ def wait_until_answers(url: str, process: subprocess.Popen, what: str) -> None:
             time.sleep(0.2)
 
 
+def call(method: str, url: str, token: str, body: dict | None = None) -> tuple[int, dict]:
+    """One JSON request with a bearer token: (status, body), errors included."""
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def scrape(base: str) -> list:
+    """The metric families of a server's /metrics (asked from loopback, so allowed)."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
+
+
+def grabs_by_outcome(base: str, strategy: str) -> Counter[str]:
+    """redpack_grabs_total of one strategy on one server, by outcome."""
+    counts: Counter[str] = Counter()
+    for family in scrape(base):
+        for sample in family.samples:
+            if sample.name == "redpack_grabs_total" and sample.labels["strategy"] == strategy:
+                counts[sample.labels["outcome"]] += int(sample.value)
+    return counts
+
+
 @contextmanager
 def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
-    """A gunicorn serving the app on a free port; yields its base URL."""
+    """A gunicorn serving the app on a free port (with gunicorn.conf.py, as everywhere, so its
+    /metrics sums its workers); yields its base URL."""
     port = free_port()
     process = subprocess.Popen(
         [

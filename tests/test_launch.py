@@ -4,6 +4,7 @@
 MariaDB and Redis keep running for everybody else.
 """
 
+import argparse
 import json
 import os
 import signal
@@ -193,3 +194,11 @@ def test_ctrl_c_in_a_terminal_reaches_the_stack_and_not_make(tmp_path):
     output = seen.decode(errors="replace")
     assert "stopped" in output and "make-exit=0" in output, output
     assert "Error" not in output and "Interrupt" not in output
+
+
+def test_flower_starts_only_when_asked_and_the_embedded_redis_first():
+    backends = launch.decide({"REDPACK_LOCAL_MYSQL": "off", "REDPACK_LOCAL_REDIS": "off"})
+    off, on = argparse.Namespace(flower_port=0), argparse.Namespace(flower_port=5555)
+    chosen = launch.chosen_processes(backends, off, with_locust=True)
+    assert chosen == ["redis", "web", "worker", "beat", "locust"]
+    assert launch.chosen_processes(backends, on, with_locust=False)[-1] == "flower"

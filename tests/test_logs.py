@@ -3,13 +3,16 @@
 import json
 import logging
 import sys
+import time
+import uuid
 
 import pytest
+from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import OperationalError
 from django.test import override_settings
 
-from redpack import services
+from redpack import celery_app, logs, services, tasks
 from redpack.logs import JsonFormatter, PlainFormatter
 from strategies.base import Outcome
 
@@ -93,3 +96,69 @@ def test_lock_timeouts_are_recognised():
     assert services.is_lock_timeout(OperationalError(1213, "Deadlock found"))
     assert services.is_lock_timeout(OperationalError("database is locked"))
     assert not services.is_lock_timeout(OperationalError(2006, "MySQL server has gone away"))
+
+
+@pytest.mark.django_db
+def test_a_request_id_is_taken_or_made_echoed_and_on_every_line(client, sender, caplog):
+    caplog.set_level(logging.INFO, logger="redpack")
+    client.force_login(sender)
+    response = client.post(
+        "/api/activities/",
+        {"total_amount": "1.00", "total_count": 1, "strategy": "pessimistic"},
+        content_type="application/json",
+        HTTP_X_REQUEST_ID="checkout-42",
+    )
+    assert response.status_code == 201 and response["X-Request-ID"] == "checkout-42"
+    (sent,) = [r for r in caplog.records if getattr(r, "event", None) == "activity_sent"]
+    assert json.loads(JsonFormatter().format(sent))["request_id"] == "checkout-42"
+    assert logs.request_id.get() is None  # not left behind for the thread's next request
+    made = client.get("/healthz", HTTP_X_REQUEST_ID="not valid\n")["X-Request-ID"]
+    assert len(made) == 32 and made != client.get("/healthz")["X-Request-ID"]
+
+
+class Kept(logging.Handler):
+    """The records of one logger, kept (on that logger itself: the worker's start-up configures
+    logging again, which takes the root's handlers away, caplog's included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_enqueued_during_a_request_logs_its_id_in_the_worker():
+    """The id travels in the task's headers through the real broker to a Celery worker (Celery's
+    own test worker, in a thread of this process), whose lines while it runs the task carry it
+    (here the task_failed line of a refund of no activity, which fails before asking MySQL)."""
+    kept = Kept()
+    task_logger = logging.getLogger("redpack.tasks")
+    task_logger.addHandler(kept)
+    queue = f"request-id-{uuid.uuid4().hex}"  # not the runs other tests' beats left queued
+    token = logs.request_id.set("req-from-web-7")
+    try:
+        result = tasks.refund_activity.apply_async(("no-such-activity",), queue=queue)
+    finally:
+        logs.request_id.reset(token)
+    try:
+        with start_worker(
+            celery_app, pool="solo", queues=[queue], perform_ping_check=False, shutdown_timeout=30
+        ):
+            deadline = time.monotonic() + 60
+            while not failed_lines(kept, result.id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        task_logger.removeHandler(kept)
+    (line,) = failed_lines(kept, result.id)
+    assert line.request_id == "req-from-web-7"  # type: ignore[attr-defined]
+    assert logs.request_id.get() is None  # the worker's thread had its own
+
+
+def failed_lines(kept: Kept, task_id: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in kept.records
+        if getattr(r, "event", None) == "task_failed" and getattr(r, "task_id", None) == task_id
+    ]

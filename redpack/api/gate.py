@@ -17,7 +17,7 @@ from django.conf import settings
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
-from redpack import bans, finished, ratelimit
+from redpack import bans, finished, metrics, ratelimit
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ def check(*, user_id: int, scope: str | None = None, activity_id: int | None = N
             pipe.pttl(finished.key(activity_id))
         replies = pipe.execute()
     except RedisError as exc:
+        metrics.store_error(exc, "gate")
         wait = None
         if window is not None:
             wait = window.wait(ratelimit.count_locally(window, now, exc), now)

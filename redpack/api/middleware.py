@@ -10,7 +10,7 @@ from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import get_script_prefix, reverse
 
-from redpack import ratelimit
+from redpack import logs, ratelimit
 
 from .errors import error_body
 
@@ -36,6 +36,25 @@ def browser_only(middleware: type) -> type:
 BrowserSessionMiddleware = browser_only(SessionMiddleware)
 BrowserAuthenticationMiddleware = browser_only(AuthenticationMiddleware)
 BrowserMessageMiddleware = browser_only(MessageMiddleware)
+
+
+class RequestIdMiddleware:
+    """Every request has an id: the caller's X-Request-ID (when it looks like one) or a new
+    one. Log lines written meanwhile carry it, so do the Celery tasks enqueued meanwhile
+    (redpack/logs.py), and the response says it."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        current = logs.request_id_from(request.headers.get(logs.REQUEST_ID_HEADER))
+        token = logs.request_id.set(current)
+        try:
+            response = self.get_response(request)
+        finally:
+            logs.request_id.reset(token)
+        response[logs.REQUEST_ID_HEADER] = current
+        return response
 
 
 class RequestSizeLimitMiddleware:

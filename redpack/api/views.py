@@ -3,9 +3,10 @@
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework import generics, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
@@ -15,13 +16,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
-from redpack import health, selectors, services
+from redpack import exposition, health, selectors, services
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
 
 from . import gate
 from .auth import TokenUserAuthentication
+from .errors import error_body
 from .pagination import WalletPagination
 from .serializers import (
     ActivityCreateSerializer,
@@ -223,6 +225,15 @@ def healthz(request: HttpRequest) -> JsonResponse:
     when only the broker or the worker is."""
     status_text, code = health.verdict()
     return JsonResponse({"status": status_text}, status=code)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus document of this server (redpack/exposition.py): for loopback addresses,
+    REDPACK_METRICS_NETWORKS and the bearer of REDPACK_METRICS_TOKEN; 403 for anyone else."""
+    if not exposition.allowed(request):
+        message = "metrics are for loopback, REDPACK_METRICS_NETWORKS or REDPACK_METRICS_TOKEN"
+        return JsonResponse(error_body("permission_denied", message), status=403)
+    return HttpResponse(exposition.render(), content_type=CONTENT_TYPE_LATEST)
 
 
 class HealthDetailsView(APIView):

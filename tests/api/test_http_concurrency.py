@@ -1,9 +1,6 @@
 """Hundreds of users double-clicking over real HTTP (gunicorn), checked row by row in MySQL."""
 
-import json
 import threading
-import urllib.error
-import urllib.request
 from decimal import Decimal
 
 import pytest
@@ -13,24 +10,10 @@ from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry
-from tests.servers import gunicorn
+from tests.servers import call, gunicorn
 
 USERS = 200
 PACKETS = 50
-
-
-def call(method: str, url: str, token: str, body: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url,
-        method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,5 @@
 import csv
+import io
 import json
 from decimal import Decimal
 
@@ -8,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from redpack import selectors, services
+from redpack import health, selectors, services
 
 pytestmark = pytest.mark.django_db
 
@@ -63,3 +64,13 @@ def test_demo_and_bench_users_start_with_money(tmp_path):
     users = get_user_model().objects.filter(username__in=["demo", "bench000002"])
     balances = {selectors.wallet_balance(user_id=u.pk) for u in users}
     assert balances == {Decimal(settings.REDPACK_STARTING_BALANCE)}
+
+
+def test_health_fails_a_probe_until_a_worker_ran_the_heartbeat():
+    out = io.StringIO()
+    call_command("health", stdout=out)  # the database and Redis answer: not down
+    assert "database=ok redis=ok" in out.getvalue()
+    with pytest.raises(CommandError, match="not ok: worker"):
+        call_command("health", "--require", "worker", stdout=io.StringIO())
+    health.record_heartbeat()
+    call_command("health", "--require", "worker", stdout=io.StringIO())

@@ -1,0 +1,59 @@
+"""Settings that switch things on from the environment, checked in fresh processes."""
+
+import gzip
+import http.server
+import subprocess
+import sys
+import threading
+
+from tests.servers import ROOT, service_env
+
+REPORT = (
+    "import django; django.setup(); import sentry_sdk; "
+    "print(sentry_sdk.get_client().is_active()); "
+    "sentry_sdk.capture_exception(ValueError('boom from redpack')); sentry_sdk.flush(5)"
+)
+
+
+def decoded(body: bytes, encoding: str | None) -> bytes:
+    """sentry-sdk compresses with brotli when it is installed, else gzip."""
+    if encoding == "br":
+        import brotli  # present whenever sentry-sdk chose it
+
+        return bytes(brotli.decompress(body))
+    return gzip.decompress(body) if encoding == "gzip" else body
+
+
+def test_sentry_reports_errors_only_when_a_dsn_is_set():
+    received: list[bytes] = []
+
+    class FakeSentry(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(decoded(body, self.headers.get("Content-Encoding")))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), FakeSentry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dsn = f"http://public@127.0.0.1:{server.server_port}/1"
+        runs = {
+            configured: subprocess.run(
+                [sys.executable, "-c", REPORT],
+                cwd=ROOT,
+                env=service_env(SENTRY_DSN=dsn if configured else ""),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            for configured in (False, True)
+        }
+    finally:
+        server.shutdown()
+    assert runs[False].stdout.strip() == "False"
+    assert runs[True].stdout.strip() == "True", runs[True].stderr
+    assert len(received) == 1 and b"boom from redpack" in received[0]
