@@ -19,6 +19,7 @@ CONTRACT = {
     "strategies.registry",
     "strategies.lua",
     "strategies.combiner",
+    "strategies.holds",
 }
 
 
