@@ -55,8 +55,8 @@ from redpack.lab.stats import (
     cause_of,
     histogram_of_counts,
     percentile_of_counts,
+    run_rates,
     share,
-    success_rate,
 )
 
 logger = logging.getLogger("redpack.locust")
@@ -641,13 +641,13 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         ),
         "grabbed": grabbed,
         "contended": contended,
-        "seconds": round(seconds, 3),
-        "requests_per_s": round(requests_total / seconds, 1) if seconds else None,
-        "grabs_per_s": round(grabbed / seconds, 1) if seconds else None,
-        "success_rate": success_rate(
-            requests=requests_total, contended=contended, failed=requests_total - answered
+        **run_rates(
+            requests=requests_total,
+            answered=answered,
+            grabbed=grabbed,
+            contended=contended,
+            seconds=seconds,
         ),
-        "contended_share": share(contended, requests_total),
         "p50_ms": _percentile(latency, 0.50),
         "p95_ms": _percentile(latency, 0.95),
         "p99_ms": _percentile(latency, 0.99),

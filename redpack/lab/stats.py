@@ -37,6 +37,21 @@ def success_rate(*, requests: int, contended: int, failed: int) -> float | None:
     return share(requests - contended - failed, requests)
 
 
+def run_rates(
+    *, requests: int, answered: int, grabbed: int, contended: int, seconds: float
+) -> dict[str, float | None]:
+    """An HTTP run's rates and shares over its `seconds` (Locust's runs and wrk's alike)."""
+    return {
+        "seconds": round(seconds, 3),
+        "requests_per_s": round(requests / seconds, 1) if seconds else None,
+        "grabs_per_s": round(grabbed / seconds, 1) if seconds else None,
+        "success_rate": success_rate(
+            requests=requests, contended=contended, failed=requests - answered
+        ),
+        "contended_share": share(contended, requests),
+    }
+
+
 def share(part: float, whole: float) -> float | None:
     """part / whole to four places; None when there is no whole."""
     return round(part / whole, 4) if whole else None

@@ -41,8 +41,8 @@ from .stats import (
     HISTOGRAM_MS,
     UNANSWERED,
     cause_of,
+    run_rates,
     share,
-    success_rate,
 )
 
 SCRIPT = Path(__file__).with_name("wrk_grab.lua")
@@ -191,13 +191,13 @@ def summarize(
         "unexplained": 0,  # every answer has a cause, every missing one is counted as such
         "grabbed": grabbed,
         "contended": contended,
-        "seconds": round(seconds, 3),
-        "requests_per_s": round(requests_total / seconds, 1) if seconds else None,
-        "grabs_per_s": round(grabbed / seconds, 1) if seconds else None,
-        "success_rate": success_rate(
-            requests=requests_total, contended=contended, failed=requests_total - answered
+        **run_rates(
+            requests=requests_total,
+            answered=answered,
+            grabbed=grabbed,
+            contended=contended,
+            seconds=seconds,
         ),
-        "contended_share": share(contended, requests_total),
         "p50_ms": percentiles.get("50") if answered else None,
         "p95_ms": percentiles.get("95") if answered else None,
         "p99_ms": percentiles.get("99") if answered else None,
