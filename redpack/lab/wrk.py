@@ -221,6 +221,8 @@ def audit_answers(
     can only be the requests the run's stop cut off (`cut_off_at_most`: 0 for a burst
     that was answered in full, the connections for a timed run)."""
     started = time.monotonic()
+    if cut_off_at_most:
+        _wait_for_the_cut_off(activity_id)
     registry.get(name).settle(activity_id=activity_id, timeout=60)
     settle_seconds = time.monotonic() - started
     audit = audit_activity(Activity.objects.get(pk=activity_id))
@@ -248,3 +250,22 @@ def audit_answers(
         "interrupted": max(0, unheard),
         "settle_seconds": round(settle_seconds, 3),
     }
+
+
+QUIET_SECONDS = 1.0  # no new grab row for this long: the server finished what it was doing
+QUIET_GIVE_UP_SECONDS = 60.0
+
+
+def _wait_for_the_cut_off(activity_id: int) -> None:
+    """The requests the run's stop cut off are still being answered by the server, which goes on
+    writing their grabs: the auditor reads the activity once no new row came for a second (at
+    most a minute), or it would see a row without its decrement, or the other way round."""
+    give_up = time.monotonic() + QUIET_GIVE_UP_SECONDS
+    rows = GrabDetail.objects.filter(activity_id=activity_id)
+    seen = rows.count()
+    while time.monotonic() < give_up:
+        time.sleep(QUIET_SECONDS)
+        now = rows.count()
+        if now == seen:
+            return
+        seen = now
