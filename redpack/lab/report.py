@@ -367,7 +367,13 @@ def write_markdown(
             f"After the last run, {books['credited']:,} grabs were credited to their grabbers' "
             f"wallets in {books['seconds']} s ({books['credits_per_s'] or 0:,.0f} a second; the "
             "crediting task waits during the runs, which it would only blur on a shared "
-            f"machine), and the books {verdict}.",
+            f"machine), and the books {verdict}."
+            + (
+                f" The unsafe baseline's {books['not_credited_unsafe']:,} oversold grabs were "
+                "not credited: no money was in the escrow for them."
+                if books.get("not_credited_unsafe")
+                else ""
+            ),
             "",
         ]
     parts += [LEGEND]
