@@ -78,14 +78,19 @@ def test_admin_is_staff_only(client, make_users):
 
 
 def test_admin_report_says_no_run_here_and_shows_the_committed_one_as_another_machines(
-    staff_client,
+    staff_client, tmp_path, monkeypatch
 ):
+    # The committed report, as another machine wrote it: not passed off as this one's.
+    committed = json.loads((admin_module.REPORTS / "compare.json").read_text())
+    committed["context"]["machine"] = {"id": "another-machine", "host": "elsewhere"}
+    (tmp_path / "compare.json").write_text(json.dumps(committed))
+    (tmp_path / "compare.png").write_bytes((admin_module.REPORTS / "compare.png").read_bytes())
+    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
     page = staff_client.get("/admin/redpack/activity/report/")
     assert page.status_code == 200
     body = page.content.decode()
-    # reports/compare.json is committed from another machine: not passed off as this one's.
     assert "No comparison has run on this machine" in body and "make compare" in body
-    assert "measured on another machine" in body and "bf5fdd9" in body
+    assert "measured on another machine" in body and committed["context"]["commit"] in body
     assert 'id="recommendations"' in body and "→ <strong>" in body
     assert "%</td>" in body  # shares as percentages, not fractions
     # Its HTTP runs as people read them: every request's cause and a latency histogram.
