@@ -2,9 +2,11 @@
 and the books (redpack/ledger.py) as a whole."""
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 
 from strategies import registry
@@ -58,10 +60,35 @@ class BooksReport(Checks):
     uncredited_unowed: int = 0  # of those, grabs of strategies whose packets may be invented
 
 
+@contextmanager
+def _snapshot() -> Iterator[None]:
+    """Every MySQL read inside sees the database as of the first one: one REPEATABLE READ
+    transaction (this one only; the connection stays READ COMMITTED), which takes no lock.
+
+    An activity can be audited while it is grabbed: read statement by statement, a grab
+    committed between the activity's row and the count of its grabs would look like an oversold
+    packet. Inside a transaction already (a test's), or on SQLite (whose transactions here take
+    the write lock up front), the reads run as they are."""
+    if connection.vendor != "mysql" or connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
 def audit_activity(
     activity: Activity, *, answers: list[tuple[int, int]] | None = None
 ) -> AuditReport:
-    """`answers`: every (user_id, amount_cents) that was told `grabbed`, when the caller knows."""
+    """`answers`: every (user_id, amount_cents) that was told `grabbed`, when the caller knows.
+
+    The activity is read again, with everything else, from one snapshot of MySQL (`_snapshot`)."""
+    with _snapshot():
+        return _audit_activity(Activity.objects.get(pk=activity.pk), answers)
+
+
+def _audit_activity(activity: Activity, answers: list[tuple[int, int]] | None) -> AuditReport:
     report = AuditReport(activity_id=activity.pk, strategy=activity.strategy)
     details = GrabDetail.objects.filter(activity=activity)
     totals = details.aggregate(n=Count("id"), cents=Sum("amount"))

@@ -1,15 +1,18 @@
 """The auditor and its command catch corruption; system checks catch a bad strategy setting."""
 
 import json
+import threading
 from decimal import Decimal
 
 import pytest
 from django.core import checks
 from django.core.management import call_command
+from django.db import connection
 
 from redpack import services
 from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail
+from strategies.base import Outcome
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +98,35 @@ def test_a_celery_broker_in_the_packet_states_database_fails_the_system_check(se
     assert check_celery_broker_apart() == []
     settings.CELERY_BROKER_URL = settings.CACHES["default"]["LOCATION"]
     assert [e.id for e in check_celery_broker_apart()] == ["redpack.E010"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grab_committed_while_auditing_is_not_an_oversold_packet(sender, make_users):
+    """The auditor reads the activity and its grabs statement by statement; a grab that commits
+    between those reads (from another connection) must not make a live activity look oversold:
+    every read sees the snapshot of the first."""
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount=Decimal("5.00"), total_count=5, strategy="pessimistic"
+    )
+    first, second = make_users(2)
+    services.activity_grab(activity_id=activity.pk, user_id=first.pk)
+    stale = Activity.objects.get(pk=activity.pk)  # what a caller read before the audit
+    committed: list[object] = []
+
+    def grab_before_the_first_count(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if not committed and "COUNT(" in sql:
+            worker = threading.Thread(
+                target=lambda: committed.append(
+                    services.activity_grab(activity_id=activity.pk, user_id=second.pk).outcome
+                )
+            )
+            worker.start()
+            worker.join()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(grab_before_the_first_count):
+        report = audit_activity(stale)
+    assert committed == [Outcome.GRABBED]
+    assert report.ok, report.violations
+    assert (report.grabbed, report.oversold) == (1, 0)  # the snapshot before the second grab
+    assert audit_activity(stale).grabbed == 2
