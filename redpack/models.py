@@ -68,6 +68,17 @@ class Activity(models.Model):
         return f"#{self.pk} {self.total_amount} × {self.total_count} ({self.strategy})"
 
 
+class ActivityId(models.Model):
+    """Activity ids while sharded (redpack/shards.py): one row per id, allocated on the ledger
+    database before the activity is written to its shard, so ids are unique over the shards."""
+
+    class Meta:
+        db_table = "t_redpack_activity_id"
+
+    def __str__(self) -> str:
+        return f"activity id {self.pk}"
+
+
 class PacketStatus(models.IntegerChoices):
     AVAILABLE = 1
     TAKEN = 2
@@ -211,8 +222,15 @@ class Account(models.Model):
         on_delete=models.PROTECT,
         related_name="wallet",
     )
+    # No foreign key constraint to the activity side (here and in the journal): while sharded
+    # (redpack/shards.py) the activities live in other databases than the ledger.
     activity = models.OneToOneField(
-        Activity, null=True, blank=True, on_delete=models.PROTECT, related_name="escrow"
+        Activity,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="escrow",
     )
     balance = ledger_field(default=Decimal("0.00"))
 
@@ -277,10 +295,20 @@ class JournalEntry(Immutable):
         related_name="+",
     )
     grab = models.OneToOneField(
-        GrabDetail, null=True, blank=True, on_delete=models.PROTECT, related_name="credit"
+        GrabDetail,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="credit",
     )
     refund = models.OneToOneField(
-        Refund, null=True, blank=True, on_delete=models.PROTECT, related_name="entry"
+        Refund,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="entry",
     )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
