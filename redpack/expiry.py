@@ -20,8 +20,8 @@
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from django.conf import settings
 from django.db import IntegrityError
@@ -152,11 +152,10 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
                 refund = Refund.objects.create(
                     activity=activity, amount=activity.surplus_amount, count=activity.surplus_count
                 )
-                post = partial(ledger.refund_post, refund=refund, sender_id=activity.sender_id)
                 if shards.ledger_is_apart():  # sharded: once the record is in, or the sweep
-                    shards.on_commit(post, robust=True)
+                    shards.on_commit(_refund_post(refund, activity.sender_id), robust=True)
                 else:
-                    post()
+                    ledger.refund_post(refund=refund, sender_id=activity.sender_id)
                 Activity.objects.filter(pk=activity_id, status=activity.status).update(
                     status=ActivityStatus.REFUNDED, surplus_count=0, surplus_amount=0
                 )
@@ -179,6 +178,13 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
             },
         )
     return outcome
+
+
+def _refund_post(refund: Refund, sender_id: int) -> Callable[[], None]:
+    def refund_post() -> None:
+        ledger.refund_post(refund=refund, sender_id=sender_id)
+
+    return refund_post
 
 
 def sweep(*, limit: int = 1000) -> int:

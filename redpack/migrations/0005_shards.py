@@ -64,5 +64,5 @@ class Migration(migrations.Migration):
             name='refund',
             field=models.OneToOneField(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='entry', to='redpack.refund'),
         ),
-        migrations.RunPython(unlink_shard, migrations.RunPython.noop),
+        migrations.RunPython(unlink_shard, migrations.RunPython.noop, atomic=False),
     ]
