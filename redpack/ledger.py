@@ -13,6 +13,9 @@ escrow account per activity (docs/design.md, "Money").
   holds more than its surplus (the escrow index keeps the scan to activities with money left).
 - Lock order: accounts are locked in ascending id order, after the activity row where one is
   locked (the refund); crediting never locks an activity row. No cycle, no deadlock.
+- Sharded (redpack/shards.py), the ledger stays on default and the activities do not: the send
+  commits its debit before the activity, the refund its record before its entry, and crediting
+  reads the grab rows on their shard, then posts on default; the UNIQUE keys keep each once.
 """
 
 import logging
