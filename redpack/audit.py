@@ -207,13 +207,13 @@ def _audit_escrow(
         amounts = dict(GrabDetail.objects.filter(activity=activity).values_list("pk", "amount"))
         entries = JournalEntry.objects.filter(kind=EntryKind.CREDIT, activity_id=activity.pk)
         paid = [amounts[g] for g in entries.values_list("grab_id", flat=True) if g in amounts]
-        credited = {"n": len(paid), "cents": sum(paid)}
+        credited_count, credited_cents = len(paid), sum(to_cents(amount) for amount in paid)
     else:
         credited = GrabDetail.objects.filter(activity=activity, credit__isnull=False).aggregate(
             n=Count("pk"), cents=Sum("amount")
         )
-    credited_cents = to_cents(credited["cents"] or 0)
-    report.uncredited = report.grabbed - credited["n"]
+        credited_count, credited_cents = credited["n"], to_cents(credited["cents"] or 0)
+    report.uncredited = report.grabbed - credited_count
     expected = to_cents(activity.total_amount) - credited_cents - refunded_cents
     report.check(
         "escrow = total − credited − refunded",

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 
 SHARDED_MODELS = frozenset({"activity", "packet", "grabdetail", "refund", "persistfailure"})
 
@@ -111,7 +111,7 @@ class ShardRouter:
     Every database gets the whole schema (migrate runs on each; redpack/migrations/0005 drops the
     foreign keys that would point across databases), only the right rows are written."""
 
-    def _db(self, model: type, hints: dict[str, Any]) -> str:
+    def _db(self, model: type[models.Model], hints: dict[str, Any]) -> str:
         if model._meta.app_label != "redpack" or model._meta.model_name not in SHARDED_MODELS:
             return DEFAULT_DB_ALIAS
         alias = _current.get()
@@ -124,10 +124,10 @@ class ShardRouter:
             f"{model._meta.label} queried outside shards.for_activity() while sharded"
         )
 
-    def db_for_read(self, model: type, **hints: Any) -> str:
+    def db_for_read(self, model: type[models.Model], **hints: Any) -> str:
         return self._db(model, hints)
 
-    def db_for_write(self, model: type, **hints: Any) -> str:
+    def db_for_write(self, model: type[models.Model], **hints: Any) -> str:
         return self._db(model, hints)
 
     def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool:

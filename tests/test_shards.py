@@ -14,8 +14,6 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import DatabaseError, connections
 from django.utils import timezone
-from rest_framework.test import APIClient
-from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import expiry, ledger, selectors, services, shards, tasks
 from redpack.audit import audit_books
@@ -24,9 +22,10 @@ from redpack.money import to_cents
 from strategies import registry
 from strategies.base import Outcome
 from strategies.redis_queue_async import stream
+from tests.api.test_views import client_for
 from tests.contract.harness import Answer, grab_concurrently
+from tests.settings import TEST_SHARDS as SHARDS
 
-SHARDS = django_settings.TEST_SHARDS
 STRATEGIES = ["pessimistic", "group_commit", "redis_counter", "redis_queue_async"]
 PACKETS = 10
 GRABBERS = 6  # fewer than the packets: every activity has something left to refund
@@ -68,8 +67,7 @@ def test_activities_split_over_the_shards_and_the_auditor_checks_both(sender, ma
     grabbers = make_users(GRABBERS)
     user_ids = [u.pk for u in grabbers]
     activities = [send(sender, strategy) for strategy in STRATEGIES for _ in SHARDS]
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(sender)}")
+    client = client_for(sender)
     for _ in SHARDS:  # and through the API
         body = {"total_amount": "10.00", "total_count": PACKETS, "strategy": "pessimistic"}
         response = client.post("/api/activities/", body, format="json")
@@ -99,9 +97,7 @@ def test_activities_split_over_the_shards_and_the_auditor_checks_both(sender, ma
             }
             assert len({a.user_id for a in won}) == len(won)
             told[pk] = {a.user_id: a.result.amount_cents for a in won}  # type: ignore[misc]
-    response = APIClient()
-    response.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(grabbers[0])}")
-    answer = response.post(f"/api/activities/{first.pk}/grab/")
+    answer = client_for(grabbers[0]).post(f"/api/activities/{first.pk}/grab/")
     assert answer.status_code == 200 and answer.json()["outcome"] == "grabbed", answer.json()
     told[first.pk] = {grabbers[0].pk: to_cents(answer.json()["amount"])}
 
