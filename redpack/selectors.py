@@ -77,7 +77,7 @@ def _newest_first(rows: QuerySet[Any]) -> "QuerySet[Any] | list[Any]":
     rows = rows.order_by("-created_at", "-id")
     if not shards.enabled():
         return rows
-    merged = [row for _ in shards.each() for row in rows]
+    merged = [row for _ in shards.each() for row in rows.all()]  # a fresh query per shard
     return sorted(merged, key=lambda row: (row.created_at, row.pk), reverse=True)
 
 

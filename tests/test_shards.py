@@ -131,7 +131,9 @@ def test_activities_split_over_the_shards_and_the_auditor_checks_both(sender, ma
     refunds = JournalEntry.objects.filter(kind="refund")
     assert refunds.count() == len(activities)  # each left packets, each refunded once
 
+    assert ledger.crediting_lag()["pending"] == sum(len(t) for t in told.values())
     assert tasks.credit_grabs() == sum(len(t) for t in told.values())
+    assert ledger.crediting_lag() == {"pending": 0, "oldest_age_seconds": 0.0}
     spent = sum(10_00 for _ in activities) - sum(
         to_cents(line) for line in refunds.values_list("lines__amount", flat=True) if line > 0
     )
@@ -140,6 +142,19 @@ def test_activities_split_over_the_shards_and_the_auditor_checks_both(sender, ma
     for user in grabbers:
         got = sum(t.get(user.pk, 0) for t in told.values())
         assert to_cents(selectors.wallet_balance(user_id=user.pk)) == start + got
+
+    # Per-user and per-activity lists, through the API, from both shards.
+    mine = client_for(grabbers[0]).get("/api/me/grabs/?limit=500").json()["results"]
+    assert sorted(g["activity"] for g in mine) == sorted(
+        t for t in told if grabbers[0].pk in told[t]
+    )
+    assert {shards.alias_of(g["activity"]) for g in mine} == set(SHARDS)
+    refunded = client_for(sender).get("/api/me/refunds/?limit=500").json()["results"]
+    assert sorted(r["activity"] for r in refunded) == sorted(a.pk for a in activities)
+    pair = [a for a in activities if a.strategy == "group_commit"]
+    for activity in pair:
+        listed = client_for(sender).get(f"/api/activities/{activity.pk}/grabs/").json()["results"]
+        assert {g["user"]: to_cents(g["amount"]) for g in listed} == told[activity.pk]
 
     out = StringIO()
     call_command("audit", "--json", "--drained", stdout=out)
