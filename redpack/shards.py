@@ -18,7 +18,6 @@ Ids are unique over every shard: while sharded, `new_activity_id()` allocates th
 """
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -49,16 +48,24 @@ def current() -> str:
     return _current.get() or DEFAULT_DB_ALIAS
 
 
-@contextmanager
-def using(alias: str) -> Iterator[str]:
-    token = _current.set(alias)
-    try:
-        yield alias
-    finally:
-        _current.reset(token)
+class using:  # noqa: N801 - used as a function, like transaction.atomic
+    """This database is the current one until the block ends (a class, not a generator: it is
+    on every grab's path)."""
+
+    __slots__ = ("alias", "token")
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def __enter__(self) -> str:
+        self.token = _current.set(self.alias)
+        return self.alias
+
+    def __exit__(self, *exc_info: object) -> None:
+        _current.reset(self.token)
 
 
-def for_activity(activity_id: int) -> AbstractContextManager[str]:
+def for_activity(activity_id: int) -> using:
     """Work on this activity: its database is the current one until the block ends."""
     return using(alias_of(activity_id))
 
