@@ -146,6 +146,8 @@ def configure_shard(db: dict, number: int, count: int) -> None:  # type: ignore[
     """A shard's rows (grab rows, refund records, packets, persist failures) take ids that no
     other shard takes: shard k of n counts k+1, k+1+n, … (auto_increment_offset, _increment),
     so the ledger on default can key its entries by them. Activity ids come from default."""
+    if db["ENGINE"] != "django.db.backends.mysql":
+        raise ImproperlyConfigured(f"REDPACK_SHARDS: a shard runs on MySQL, not {db['ENGINE']}")
     db["OPTIONS"]["init_command"] += (
         f", auto_increment_increment={count}, auto_increment_offset={number + 1}"
     )
