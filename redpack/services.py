@@ -126,23 +126,13 @@ def activity_grab(
     (metrics.py: by strategy and outcome, with the time it took)."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
-    with shards.for_activity(activity_id):
-        return _grab_counted(activity_id, user_id, finished_hint, finished_ttl_ms, bounded)
-
-
-def _grab_counted(
-    activity_id: int,
-    user_id: int,
-    finished_hint: str | bytes | None,
-    finished_ttl_ms: int | None,
-    bounded: bool,
-) -> GrabResult:
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
     started = time.perf_counter()
     try:
-        result = _grab(
-            activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
-        )
+        with shards.for_activity(activity_id):
+            result = _grab(
+                activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
+            )
     except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
         metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
         metrics.store_error(exc, "grab")
