@@ -147,6 +147,11 @@ def activities_with_live_state(*, strategies: Collection[str]) -> QuerySet[Activ
 
 
 def persist_failure_counts() -> dict[str, int]:
-    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved)."""
-    rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
-    return {status: n for status, n in rows}
+    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved), on
+    every shard."""
+    counts: dict[str, int] = {}
+    for _ in shards.each():
+        rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
+        for status, n in rows:
+            counts[status] = counts.get(status, 0) + n
+    return counts

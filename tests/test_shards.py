@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from redpack import expiry, ledger, selectors, services, shards, tasks
+from redpack import expiry, health, ledger, selectors, services, shards, tasks
 from redpack.audit import audit_books
 from redpack.models import Activity, GrabDetail, JournalEntry
 from redpack.money import to_cents
@@ -142,6 +142,9 @@ def test_activities_split_over_the_shards_and_the_auditor_checks_both(sender, ma
     for user in grabbers:
         got = sum(t.get(user.pk, 0) for t in told.values())
         assert to_cents(selectors.wallet_balance(user_id=user.pk)) == start + got
+
+    assert selectors.persist_failure_counts() == {}  # /metrics asks every shard
+    assert health.check_database() == "ok"  # /healthz probes default and both shards
 
     # Per-user and per-activity lists, through the API, from both shards.
     mine = client_for(grabbers[0]).get("/api/me/grabs/?limit=500").json()["results"]
