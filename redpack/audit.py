@@ -6,11 +6,11 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 
 from strategies import registry
 
+from . import shards
 from .models import (
     Account,
     AccountKind,
@@ -62,17 +62,19 @@ class BooksReport(Checks):
 
 @contextmanager
 def _snapshot() -> Iterator[None]:
-    """Every MySQL read inside sees the database as of the first one: one REPEATABLE READ
-    transaction (this one only; the connection stays READ COMMITTED), which takes no lock.
+    """Every MySQL read inside, of the current activity's database (shards.py), sees it as of
+    the first one: one REPEATABLE READ transaction (this one only; the connection stays READ
+    COMMITTED), which takes no lock.
 
     An activity can be audited while it is grabbed: read statement by statement, a grab
     committed between the activity's row and the count of its grabs would look like an oversold
     packet. Inside a transaction already (a test's), or on SQLite (whose transactions here take
     the write lock up front), the reads run as they are."""
+    connection = shards.connection  # the current activity's database
     if connection.vendor != "mysql" or connection.in_atomic_block:
         yield
         return
-    with transaction.atomic():
+    with shards.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         yield
@@ -83,8 +85,9 @@ def audit_activity(
 ) -> AuditReport:
     """`answers`: every (user_id, amount_cents) that was told `grabbed`, when the caller knows.
 
-    The activity is read again, with everything else, from one snapshot of MySQL (`_snapshot`)."""
-    with _snapshot():
+    The activity is read again, with everything else of its database, from one snapshot of it
+    (`_snapshot`)."""
+    with shards.for_activity(activity.pk), _snapshot():
         return _audit_activity(Activity.objects.get(pk=activity.pk), answers)
 
 
@@ -224,11 +227,17 @@ def _audit_escrow(
     )
     if escrow is None:
         return
-    credited = GrabDetail.objects.filter(activity=activity, credit__isnull=False).aggregate(
-        n=Count("pk"), cents=Sum("amount")
-    )
-    credited_cents = to_cents(credited["cents"] or 0)
-    report.uncredited = report.grabbed - credited["n"]
+    if shards.ledger_is_apart():  # the grab rows here, the credit entries on default
+        amounts = dict(GrabDetail.objects.filter(activity=activity).values_list("pk", "amount"))
+        entries = JournalEntry.objects.filter(kind=EntryKind.CREDIT, activity_id=activity.pk)
+        paid = [amounts[g] for g in entries.values_list("grab_id", flat=True) if g in amounts]
+        credited_count, credited_cents = len(paid), sum(to_cents(amount) for amount in paid)
+    else:
+        credited = GrabDetail.objects.filter(activity=activity, credit__isnull=False).aggregate(
+            n=Count("pk"), cents=Sum("amount")
+        )
+        credited_count, credited_cents = credited["n"], to_cents(credited["cents"] or 0)
+    report.uncredited = report.grabbed - credited_count
     expected = to_cents(activity.total_amount) - credited_cents - refunded_cents
     report.check(
         "escrow = total − credited − refunded",
@@ -279,27 +288,24 @@ def audit_books(*, drained: bool = False, unowed: Collection[str] = ()) -> Books
     report.check("no wallet or escrow below 0", negative == 0, f"{negative} accounts below 0")
     fundings = Account.objects.filter(kind=AccountKind.FUNDING).count()
     report.check("one funding account", fundings <= 1, f"{fundings} funding accounts")
-    wrong_credits = _misbooked(
-        EntryKind.CREDIT,
-        source="entry__grab__activity_id",
-        target="entry__grab__user_id",
-        amount="entry__grab__amount",
-    )
+    if shards.enabled():
+        crossing = _across_shards(unowed)
+        report.check(
+            "every escrow's activity exists",
+            not crossing.orphans,
+            f"funded escrows whose activity is on no shard: {crossing.orphans[:10]}",
+        )
+    else:
+        crossing = _in_one_database(unowed)
     report.check(
         "each credit moves its grab's amount from its escrow to its grabber",
-        wrong_credits == 0,
-        f"{wrong_credits} credit lines do not match their grab row",
-    )
-    wrong_refunds = _misbooked(
-        EntryKind.REFUND,
-        source="entry__refund__activity_id",
-        target="entry__refund__activity__sender_id",
-        amount="entry__refund__amount",
+        crossing.wrong_credits == 0,
+        f"{crossing.wrong_credits} credit lines do not match their grab row",
     )
     report.check(
         "each refund moves its record's amount from its escrow to its sender",
-        wrong_refunds == 0,
-        f"{wrong_refunds} refund lines do not match their refund record",
+        crossing.wrong_refunds == 0,
+        f"{crossing.wrong_refunds} refund lines do not match their refund record",
     )
     twice = (
         JournalEntry.objects.filter(kind=EntryKind.CREDIT)
@@ -309,15 +315,93 @@ def audit_books(*, drained: bool = False, unowed: Collection[str] = ()) -> Books
         .count()
     )
     report.check("each grab credited at most once", twice == 0, f"{twice} grabs credited twice")
-    uncredited = GrabDetail.objects.filter(credit__isnull=True, activity__escrow__isnull=False)
-    report.uncredited = uncredited.count()
-    report.uncredited_unowed = (
-        uncredited.filter(activity__strategy__in=unowed).count() if unowed else 0
-    )
+    report.uncredited, report.uncredited_unowed = crossing.uncredited, crossing.uncredited_unowed
     if drained:
         owed = report.uncredited - report.uncredited_unowed
         report.check("every grab credited", owed == 0, f"{owed} grabs not credited")
     return report
+
+
+@dataclass
+class Crossing:
+    """What the books say against the activity side: lines that do not match their grab row or
+    refund record, grabs of funded activities not credited (of them, the `unowed` strategies'),
+    and escrows whose activity exists nowhere (sharded only: one database has a foreign key)."""
+
+    wrong_credits: int
+    wrong_refunds: int
+    uncredited: int
+    uncredited_unowed: int
+    orphans: list[int] = field(default_factory=list)
+
+
+def _in_one_database(unowed: Collection[str]) -> Crossing:
+    uncredited = GrabDetail.objects.filter(credit__isnull=True, activity__escrow__isnull=False)
+    return Crossing(
+        wrong_credits=_misbooked(
+            EntryKind.CREDIT,
+            source="entry__grab__activity_id",
+            target="entry__grab__user_id",
+            amount="entry__grab__amount",
+        ),
+        wrong_refunds=_misbooked(
+            EntryKind.REFUND,
+            source="entry__refund__activity_id",
+            target="entry__refund__activity__sender_id",
+            amount="entry__refund__amount",
+        ),
+        uncredited=uncredited.count(),
+        uncredited_unowed=(
+            uncredited.filter(activity__strategy__in=unowed).count() if unowed else 0
+        ),
+    )
+
+
+def _across_shards(unowed: Collection[str]) -> Crossing:
+    """`_in_one_database`'s figures while sharded: every shard's grab rows and refund records
+    are read (not joined) and matched to the journal's lines in memory."""
+    strategies: dict[int, str] = {}
+    senders: dict[int, int] = {}
+    grabs: dict[int, tuple[int, int, int]] = {}  # id -> (activity, user, cents)
+    refunds: dict[int, tuple[int, int, int]] = {}  # id -> (activity, sender, cents)
+    for _ in shards.each():
+        for pk, strategy, sender in Activity.objects.values_list("pk", "strategy", "sender_id"):
+            strategies[pk], senders[pk] = strategy, sender
+        for pk, activity, user, amount in GrabDetail.objects.values_list(
+            "pk", "activity_id", "user_id", "amount"
+        ).iterator(chunk_size=5000):
+            grabs[pk] = (activity, user, to_cents(amount))
+        for pk, activity, amount in Refund.objects.values_list("pk", "activity_id", "amount"):
+            refunds[pk] = (activity, senders[activity], to_cents(amount))
+    escrows = set(
+        Account.objects.filter(kind=AccountKind.ESCROW).values_list("activity_id", flat=True)
+    )
+
+    def wrong(kind: str, records: dict[int, tuple[int, int, int]], key: str) -> int:
+        lines = JournalLine.objects.filter(entry__kind=kind).values_list(
+            key, "account__activity_id", "account__user_id", "amount"
+        )
+        count = 0
+        for record, escrow_of, wallet_of, amount in lines.iterator(chunk_size=5000):
+            activity, user, cents = records.get(record, (None, None, None))
+            moved = to_cents(amount)
+            if moved < 0:
+                count += not (escrow_of == activity and -moved == cents)
+            else:
+                count += not (wallet_of == user and moved == cents)
+        return count
+
+    credited = set(
+        JournalEntry.objects.filter(kind=EntryKind.CREDIT).values_list("grab_id", flat=True)
+    )
+    uncredited = [a for pk, (a, _, _) in grabs.items() if pk not in credited and a in escrows]
+    return Crossing(
+        wrong_credits=wrong(EntryKind.CREDIT, grabs, "entry__grab_id"),
+        wrong_refunds=wrong(EntryKind.REFUND, refunds, "entry__refund_id"),
+        uncredited=len(uncredited),
+        uncredited_unowed=sum(strategies[a] in unowed for a in uncredited),
+        orphans=sorted(escrows - strategies.keys()),
+    )
 
 
 def _misbooked(kind: str, *, source: str, target: str, amount: str) -> int:

@@ -14,15 +14,17 @@
   pending writes to settle, then under the activity row lock writes the one refund record
   (UNIQUE per activity), moves what was left from the escrow back to the sender's wallet (its
   journal entry UNIQUE per refund record) and moves the status closed → refunded. Running it
-  twice pays once.
+  twice pays once. Sharded (redpack/shards.py), the wallet is on another database: the entry
+  is posted once the refund committed, and by the crediting sweep if that is cut short.
 """
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -30,7 +32,7 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 
-from . import finished, ledger
+from . import finished, ledger, shards
 from .models import Activity, ActivityStatus, Refund
 from .money import to_cents
 
@@ -130,7 +132,7 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
     if not strategy.settle(activity_id=activity_id, timeout=settings.REDPACK_SETTLE_TIMEOUT):
         raise NotSettled(f"activity {activity_id}: pending grabs not yet in MySQL")
     try:
-        with transaction.atomic():
+        with shards.atomic():
             activity = Activity.objects.select_for_update().get(pk=activity_id)
             if activity.status == ActivityStatus.REFUNDED:
                 existing = Refund.objects.get(activity_id=activity_id)
@@ -150,7 +152,10 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
                 refund = Refund.objects.create(
                     activity=activity, amount=activity.surplus_amount, count=activity.surplus_count
                 )
-                ledger.refund_post(refund=refund, sender_id=activity.sender_id)
+                if shards.ledger_is_apart():  # sharded: once the record is in, or the sweep
+                    shards.on_commit(_refund_post(refund, activity.sender_id), robust=True)
+                else:
+                    ledger.refund_post(refund=refund, sender_id=activity.sender_id)
                 Activity.objects.filter(pk=activity_id, status=activity.status).update(
                     status=ActivityStatus.REFUNDED, surplus_count=0, surplus_amount=0
                 )
@@ -175,8 +180,19 @@ def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
     return outcome
 
 
+def _refund_post(refund: Refund, sender_id: int) -> Callable[[], None]:
+    def refund_post() -> None:
+        ledger.refund_post(refund=refund, sender_id=sender_id)
+
+    return refund_post
+
+
 def sweep(*, limit: int = 1000) -> int:
-    """Re-register overdue activities the ZSET lost; returns how many were found."""
-    overdue = list(overdue_in_mysql(limit=limit))
-    register(overdue)
-    return len(overdue)
+    """Re-register overdue activities the ZSET lost (on every shard); returns how many were
+    found."""
+    found = 0
+    for _ in shards.each():
+        overdue = list(overdue_in_mysql(limit=limit))
+        register(overdue)
+        found += len(overdue)
+    return found

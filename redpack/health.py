@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django_redis import get_redis_connection
 
 from strategies import registry
@@ -55,9 +55,11 @@ def _error(exc: Exception) -> str:
 
 
 def check_database() -> str:
+    """Default, and every shard's database while sharded (redpack/shards.py)."""
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        for alias in (DEFAULT_DB_ALIAS, *settings.REDPACK_SHARDS):
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
         return "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means "down", reported as text
         return _error(exc)

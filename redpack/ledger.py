@@ -13,6 +13,9 @@ escrow account per activity (docs/design.md, "Money").
   holds more than its surplus (the escrow index keeps the scan to activities with money left).
 - Lock order: accounts are locked in ascending id order, after the activity row where one is
   locked (the refund); crediting never locks an activity row. No cycle, no deadlock.
+- Sharded (redpack/shards.py), the ledger stays on default and the activities do not: the send
+  commits its debit before the activity, the refund its record before its entry, and crediting
+  reads the grab rows on their shard, then posts on default; the UNIQUE keys keep each once.
 """
 
 import logging
@@ -26,6 +29,7 @@ from django.db.models import Case, Count, DecimalField, F, Min, QuerySet, Value,
 from django.db.models.functions import Round
 from django.utils import timezone
 
+from . import shards
 from .errors import InsufficientBalance, InvalidInput
 from .models import (
     Account,
@@ -179,18 +183,20 @@ def send_debit(*, sender_id: int, total_cents: int) -> int:
     return wallet_id
 
 
-def escrow_open(*, activity: Activity, wallet_id: int, total_cents: int) -> None:
+def escrow_open(*, activity_id: int, wallet_id: int, total_cents: int) -> None:
     """The activity's escrow, holding the total that `send_debit` took (same transaction)."""
     escrow = Account.objects.create(
-        kind=AccountKind.ESCROW, activity=activity, balance=from_cents(total_cents)
+        kind=AccountKind.ESCROW, activity_id=activity_id, balance=from_cents(total_cents)
     )
-    entry = JournalEntry(kind=EntryKind.SEND, activity=activity)
+    entry = JournalEntry(kind=EntryKind.SEND, activity_id=activity_id)
     _post(entry, {wallet_id: -total_cents, escrow.pk: total_cents}, apply=False)
 
 
 def refund_post(*, refund: Refund, sender_id: int) -> None:
-    """What the refund record gives back, from the escrow to the sender's wallet; inside the
-    refund's transaction, after its record (whose UNIQUE key makes this happen once)."""
+    """What the refund record gives back, from the escrow to the sender's wallet, once (its
+    entry is UNIQUE per record, and looked for under the escrow's lock). Inside the refund's
+    transaction when the ledger shares its database; while sharded, after the record committed
+    on its shard (a crash in between is healed by `grabs_credit`, which posts it)."""
     cents = to_cents(refund.amount)
     escrow_id = (
         Account.objects.filter(activity_id=refund.activity_id).values_list("pk", flat=True).first()
@@ -198,44 +204,92 @@ def refund_post(*, refund: Refund, sender_id: int) -> None:
     if escrow_id is None or cents == 0:
         return  # an activity without money (the lab's ceilings) or nothing left
     wallet_id = wallets_ensure([sender_id])[sender_id]
-    _lock([escrow_id, wallet_id])
-    entry = JournalEntry(kind=EntryKind.REFUND, activity_id=refund.activity_id, refund=refund)
-    _post(entry, {escrow_id: -cents, wallet_id: cents})
+    with transaction.atomic(savepoint=False):
+        _lock([escrow_id, wallet_id])
+        if JournalEntry.objects.filter(refund_id=refund.pk).exists():
+            return
+        entry = JournalEntry(
+            kind=EntryKind.REFUND, activity_id=refund.activity_id, refund_id=refund.pk
+        )
+        _post(entry, {escrow_id: -cents, wallet_id: cents})
 
 
-def activities_to_credit() -> QuerySet[Account]:
-    """Escrows of activities with uncredited grabs: holding more than their surplus (the part
-    of the escrow that still belongs to future grabs or the refund)."""
+def _owed_escrows() -> QuerySet[Account]:
+    """Escrows of activities with uncredited grabs, in one database: holding more than their
+    surplus (the part of the escrow that still belongs to future grabs or the refund)."""
     return Account.objects.filter(kind=AccountKind.ESCROW, balance__gt=0).filter(
         balance__gt=F("activity__surplus_amount")
     )
 
 
-def uncredited(activity_id: int, *, after: int = 0) -> QuerySet[GrabDetail]:
-    return GrabDetail.objects.filter(
-        activity_id=activity_id, pk__gt=after, credit__isnull=True
-    ).order_by("pk")
+def activities_to_credit() -> list[int]:
+    """Activities with uncredited grabs (`_owed_escrows`). Sharded, each shard is asked for the
+    surplus of the activities whose escrow holds money."""
+    if not shards.enabled():
+        return list(_owed_escrows().values_list("activity_id", flat=True))
+    held = dict(
+        Account.objects.filter(kind=AccountKind.ESCROW, balance__gt=0).values_list(
+            "activity_id", "balance"
+        )
+    )
+    found = []
+    for _ in shards.each():
+        surplus = Activity.objects.filter(pk__in=held).values_list("pk", "surplus_amount")
+        found += [pk for pk, amount in surplus if held[pk] > amount]
+    return sorted(found)
+
+
+def uncredited(
+    activity_id: int, *, after: int = 0, limit: int
+) -> tuple[list[tuple[int, int, Decimal]], int | None]:
+    """Up to `limit` of the activity's grab rows after id `after` that no credit entry names,
+    as (id, user, amount), and the id to go on after (None: no row is left to look at). Call it
+    for the activity (shards.for_activity): while sharded, the rows are on its shard and the
+    entries on default, read one after the other."""
+    rows = GrabDetail.objects.filter(activity_id=activity_id, pk__gt=after).order_by("pk")
+    if not shards.ledger_is_apart():
+        found = list(
+            rows.filter(credit__isnull=True).values_list("pk", "user_id", "amount")[:limit]
+        )
+        return found, found[-1][0] if len(found) == limit else None
+    scanned = list(rows.values_list("pk", "user_id", "amount")[:limit])
+    credited = set(
+        JournalEntry.objects.filter(grab_id__in=[pk for pk, _, _ in scanned]).values_list(
+            "grab_id", flat=True
+        )
+    )
+    found = [row for row in scanned if row[0] not in credited]
+    return found, scanned[-1][0] if len(scanned) == limit else None
 
 
 def grabs_credit(*, batch: int, run_seconds: float) -> int:
     """Credit uncredited grab rows, at most `batch` per transaction, until none is left or
-    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many."""
+    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many.
+    While sharded, it first posts a refund whose entry a crash left unposted (refunds_post)."""
     until = time.monotonic() + run_seconds
     credited = 0
-    for activity_id in list(activities_to_credit().values_list("activity_id", flat=True)):
-        after = 0
-        while time.monotonic() < until:
-            rows = list(
-                uncredited(activity_id, after=after).values_list("pk", "user_id", "amount")[:batch]
-            )
-            if not rows:
-                break
-            done, short = _credit(activity_id, rows)
-            credited += done
-            if short or len(rows) < batch:
-                break
-            after = rows[-1][0]
+    for activity_id in activities_to_credit():
+        with shards.for_activity(activity_id):
+            if shards.ledger_is_apart():
+                refunds_post(activity_id)
+            after: int | None = 0
+            while after is not None and time.monotonic() < until:
+                rows, after = uncredited(activity_id, after=after, limit=batch)
+                if rows:
+                    done, short = _credit(activity_id, rows)
+                    credited += done
+                    if short:
+                        break
     return credited
+
+
+def refunds_post(activity_id: int) -> None:
+    """The activity's refund entry, if its refund record exists and the entry does not yet
+    (call it for the activity, shards.for_activity)."""
+    refund = Refund.objects.filter(activity_id=activity_id).first()
+    if refund is not None and not JournalEntry.objects.filter(refund_id=refund.pk).exists():
+        sender_id = Activity.objects.filter(pk=activity_id).values_list("sender_id", flat=True)[0]
+        refund_post(refund=refund, sender_id=sender_id)
 
 
 def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int, bool]:
@@ -247,10 +301,9 @@ def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int
         locked = _lock([escrow_id, *wallets.values()])
         # Under the escrow's lock, which every crediting of this activity takes: a row another
         # run credited in the meantime is seen here and left alone.
-        pending = set(
-            GrabDetail.objects.filter(pk__in=[r[0] for r in rows], credit__isnull=True).values_list(
-                "pk", flat=True
-            )
+        ids = [r[0] for r in rows]
+        pending = set(ids) - set(
+            JournalEntry.objects.filter(grab_id__in=ids).values_list("grab_id", flat=True)
         )
         activity = Activity.objects.filter(pk=activity_id)
         surplus = activity.values_list("surplus_amount", flat=True)[0]
@@ -299,10 +352,24 @@ def _post_credits(
 
 def crediting_lag() -> dict[str, int | float]:
     """Grabs not credited yet: how many, and the oldest one's age in seconds (0 when none)."""
-    activities = activities_to_credit().values("activity_id")
-    lag = GrabDetail.objects.filter(activity_id__in=activities, credit__isnull=True).aggregate(
-        pending=Count("pk"), oldest=Min("created_at")
-    )
-    oldest = lag["oldest"]
+    if not shards.enabled():
+        activities = _owed_escrows().values("activity_id")
+        lag = GrabDetail.objects.filter(activity_id__in=activities, credit__isnull=True).aggregate(
+            pending=Count("pk"), oldest=Min("created_at")
+        )
+        pending, oldest = lag["pending"], lag["oldest"]
+    else:
+        pending, oldest = 0, None
+        for activity_id in activities_to_credit():
+            with shards.for_activity(activity_id):
+                ids: list[int] = []
+                after: int | None = 0
+                while after is not None:
+                    rows, after = uncredited(activity_id, after=after, limit=CHUNK)
+                    ids += [pk for pk, _, _ in rows]
+                if ids:
+                    pending += len(ids)
+                    first = GrabDetail.objects.filter(pk=ids[0]).values_list("created_at")[0][0]
+                    oldest = first if oldest is None else min(oldest, first)
     age = 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
-    return {"pending": lag["pending"], "oldest_age_seconds": round(age, 3)}
+    return {"pending": pending, "oldest_age_seconds": round(age, 3)}

@@ -68,6 +68,17 @@ class Activity(models.Model):
         return f"#{self.pk} {self.total_amount} × {self.total_count} ({self.strategy})"
 
 
+class ActivityId(models.Model):
+    """Activity ids while sharded (redpack/shards.py): one row per id, allocated on the ledger
+    database before the activity is written to its shard, so ids are unique over the shards."""
+
+    class Meta:
+        db_table = "t_redpack_activity_id"
+
+    def __str__(self) -> str:
+        return f"activity id {self.pk}"
+
+
 class PacketStatus(models.IntegerChoices):
     AVAILABLE = 1
     TAKEN = 2
@@ -193,6 +204,19 @@ def ledger_field(**kwargs: Any) -> "models.DecimalField[Decimal, Decimal]":
     return models.DecimalField(max_digits=18, decimal_places=2, **kwargs)
 
 
+def activity_side(to: type[models.Model], *, related_name: str) -> "models.OneToOneField[Any]":
+    """A ledger row's link to at most one row of the activity side, by id and without a foreign
+    key constraint: while sharded (redpack/shards.py) that side lives in other databases."""
+    return models.OneToOneField(
+        to,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name=related_name,
+    )
+
+
 class AccountKind(models.TextChoices):
     WALLET = "wallet"  # a user's money; never negative
     ESCROW = "escrow"  # an activity's money between the send and its grabs or refund
@@ -211,9 +235,7 @@ class Account(models.Model):
         on_delete=models.PROTECT,
         related_name="wallet",
     )
-    activity = models.OneToOneField(
-        Activity, null=True, blank=True, on_delete=models.PROTECT, related_name="escrow"
-    )
+    activity = activity_side(Activity, related_name="escrow")
     balance = ledger_field(default=Decimal("0.00"))
 
     class Meta:
@@ -276,12 +298,8 @@ class JournalEntry(Immutable):
         db_constraint=False,
         related_name="+",
     )
-    grab = models.OneToOneField(
-        GrabDetail, null=True, blank=True, on_delete=models.PROTECT, related_name="credit"
-    )
-    refund = models.OneToOneField(
-        Refund, null=True, blank=True, on_delete=models.PROTECT, related_name="entry"
-    )
+    grab = activity_side(GrabDetail, related_name="credit")
+    refund = activity_side(Refund, related_name="entry")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

@@ -6,11 +6,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
+from . import shards
 from .errors import Forbidden, NotFound
 from .models import (
     Account,
@@ -28,7 +30,8 @@ MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the da
 @lru_cache(maxsize=65536)
 def activity_facts(activity_id: int) -> tuple[str, datetime]:
     """An activity's strategy and expiry never change, so each process looks them up once."""
-    facts = Activity.objects.filter(pk=activity_id).values_list("strategy", "expires_at").first()
+    activities = Activity.objects.using(shards.alias_of(activity_id))
+    facts = activities.filter(pk=activity_id).values_list("strategy", "expires_at").first()
     if facts is None:
         raise NotFound(f"activity {activity_id} does not exist")
     return facts
@@ -41,7 +44,8 @@ def activity_strategy(activity_id: int) -> str:
 def activity_get(*, activity_id: int) -> Activity:
     if not 0 < activity_id <= MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
-    activity = Activity.objects.filter(pk=activity_id).select_related("refund").first()
+    activities = Activity.objects.using(shards.alias_of(activity_id))
+    activity = activities.filter(pk=activity_id).select_related("refund").first()
     if activity is None:
         raise NotFound(f"activity {activity_id} does not exist")
     return activity
@@ -55,15 +59,26 @@ def activity_grabs(
     if activity.sender_id != viewer_id and not viewer_is_staff:
         raise Forbidden("only the sender and staff see who grabbed what")
     order = ("-created_at", "-id") if newest_first else ("created_at", "id")
-    return GrabDetail.objects.filter(activity=activity).select_related("user").order_by(*order)
+    rows = GrabDetail.objects.using(activity._state.db).filter(activity=activity).order_by(*order)
+    # The users are on default while sharded: read in a second query, not joined.
+    return rows.prefetch_related("user") if shards.enabled() else rows.select_related("user")
 
 
-def user_grabs(*, user_id: int) -> QuerySet[GrabDetail]:
-    return GrabDetail.objects.filter(user_id=user_id).order_by("-created_at", "-id")
+def user_grabs(*, user_id: int) -> "QuerySet[GrabDetail] | list[GrabDetail]":
+    return _newest_first(GrabDetail.objects.filter(user_id=user_id))
 
 
-def user_refunds(*, user_id: int) -> QuerySet[Refund]:
-    return Refund.objects.filter(activity__sender_id=user_id).order_by("-created_at", "-id")
+def user_refunds(*, user_id: int) -> "QuerySet[Refund] | list[Refund]":
+    return _newest_first(Refund.objects.filter(activity__sender_id=user_id))
+
+
+def _newest_first(rows: QuerySet[Any]) -> "QuerySet[Any] | list[Any]":
+    """Newest first; sharded, the rows of every shard merged (a list, read whole)."""
+    rows = rows.order_by("-created_at", "-id")
+    if not shards.enabled():
+        return rows
+    merged = [row for _ in shards.each() for row in rows.all()]  # a fresh query per shard
+    return sorted(merged, key=lambda row: (row.created_at, row.pk), reverse=True)
 
 
 class ActivityState(StrEnum):
@@ -122,7 +137,7 @@ def activity_grabbed_count(activity: Activity) -> int:
 def activities_with_live_state(*, strategies: Collection[str]) -> QuerySet[Activity]:
     """Open activities of these strategies whose state outside MySQL should still be there: it
     lives until REDPACK_REDIS_STATE_GRACE after the expiry (uses the (status, expires_at)
-    index), newest first."""
+    index), newest first; of the current database (shards.each() for all)."""
     grace = timedelta(seconds=settings.REDPACK_REDIS_STATE_GRACE)
     return Activity.objects.filter(
         strategy__in=strategies,
@@ -132,6 +147,11 @@ def activities_with_live_state(*, strategies: Collection[str]) -> QuerySet[Activ
 
 
 def persist_failure_counts() -> dict[str, int]:
-    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved)."""
-    rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
-    return {status: n for status, n in rows}
+    """Grabs that failed to persist, by status (retrying, dead: the dead letters, resolved), on
+    every shard."""
+    counts: dict[str, int] = {}
+    for _ in shards.each():
+        rows = PersistFailure.objects.values_list("status").annotate(n=Count("id")).order_by()
+        for status, n in rows:
+            counts[status] = counts.get(status, 0) + n
+    return counts

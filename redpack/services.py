@@ -12,7 +12,17 @@ from django.utils import timezone
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 
-from . import allocation, expiry, finished, ledger, metrics, selectors, shedding, validation
+from . import (
+    allocation,
+    expiry,
+    finished,
+    ledger,
+    metrics,
+    selectors,
+    shards,
+    shedding,
+    validation,
+)
 from .errors import NotFound, RedpackError
 from .models import Activity
 from .money import from_cents
@@ -46,24 +56,39 @@ def activity_send(
         allocation_kind=allocation_kind,
         expires_in=expires_in,
     )
-    with transaction.atomic():
-        wallet_id = (
-            ledger.send_debit(sender_id=sender_id, total_cents=total_cents) if funded else None
-        )
-        activity = Activity.objects.create(
-            sender_id=sender_id,
-            total_amount=from_cents(total_cents),
-            surplus_amount=from_cents(total_cents),
-            total_count=total_count,
-            surplus_count=total_count,
-            strategy=strategy,
-            allocation=allocation_kind,
-            expires_at=timezone.now() + timedelta(seconds=expires_in),
-        )
-        if wallet_id is not None:
-            ledger.escrow_open(activity=activity, wallet_id=wallet_id, total_cents=total_cents)
-        registry.get(strategy).prepare(activity)
-        transaction.on_commit(lambda: expiry.register([activity]))
+    activity = Activity(
+        pk=shards.new_activity_id(),  # None: not sharded, the table's auto-increment
+        sender_id=sender_id,
+        total_amount=from_cents(total_cents),
+        surplus_amount=from_cents(total_cents),
+        total_count=total_count,
+        surplus_count=total_count,
+        strategy=strategy,
+        allocation=allocation_kind,
+        expires_at=timezone.now() + timedelta(seconds=expires_in),
+    )
+    if activity.pk is None:  # one database: the debit, the activity and its escrow at once
+        with transaction.atomic():
+            wallet_id = (
+                ledger.send_debit(sender_id=sender_id, total_cents=total_cents) if funded else None
+            )
+            _activity_write(activity)
+            if wallet_id is not None:
+                ledger.escrow_open(
+                    activity_id=activity.pk, wallet_id=wallet_id, total_cents=total_cents
+                )
+    else:
+        # Sharded: the money is on the ledger database, the activity on its shard. The debit
+        # commits first, keyed by the new id; an activity that then never appears leaves a
+        # funded escrow without an activity, which the auditor reports (audit.audit_books).
+        if funded:
+            with transaction.atomic():
+                wallet_id = ledger.send_debit(sender_id=sender_id, total_cents=total_cents)
+                ledger.escrow_open(
+                    activity_id=activity.pk, wallet_id=wallet_id, total_cents=total_cents
+                )
+        with shards.for_activity(activity.pk), shards.atomic():
+            _activity_write(activity)
     logger.info(
         "activity sent",
         extra={
@@ -74,6 +99,14 @@ def activity_send(
         },
     )
     return activity
+
+
+def _activity_write(activity: Activity) -> None:
+    """Inside the transaction of the activity's database: insert it and let its strategy
+    prepare; it enters the expiry schedule once that commits."""
+    activity.save(force_insert=True)
+    registry.get(activity.strategy).prepare(activity)
+    shards.on_commit(lambda: expiry.register([activity]))
 
 
 def activity_grab(
@@ -96,9 +129,10 @@ def activity_grab(
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
     started = time.perf_counter()
     try:
-        result = _grab(
-            activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
-        )
+        with shards.for_activity(activity_id):
+            result = _grab(
+                activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
+            )
     except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
         metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
         metrics.store_error(exc, "grab")
@@ -160,4 +194,5 @@ def is_lock_timeout(exc: DatabaseError) -> bool:
 def activity_expire(*, activity_id: int, force: bool = False) -> expiry.RefundOutcome:
     """Close the activity and refund what is left to its sender, exactly once (expiry.refund);
     `force` does it before the expiry (the admin's "expire now")."""
-    return expiry.refund(activity_id=activity_id, force=force)
+    with shards.for_activity(activity_id):
+        return expiry.refund(activity_id=activity_id, force=force)

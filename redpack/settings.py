@@ -100,33 +100,63 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default="mysql://root:@127.0.0.1:3306/redpack"),
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {
-            "charset": "utf8mb4",
-            "isolation_level": "read committed",
-            "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
-            # Bounded handshake: a connect lost in a full listen backlog fails instead of hanging.
-            "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
-        }
+# Activities sharded by id (redpack/shards.py, docs/operations.md "Scaling out"): empty (the
+# default), all on `default`; else `alias=db_url` pairs, comma-separated, e.g.
+# `shard0=mysql://…/redpack_s0,shard1=mysql://…/redpack_s1`. Activity id N lives on the
+# (N mod count)-th in this order, so the order is fixed for good. Users and money stay on default.
+REDPACK_SHARDS: tuple[str, ...] = ()
+for _pair in env.list("REDPACK_SHARDS", default=[]):
+    _alias, _, _url = _pair.partition("=")
+    if not _url or _alias.strip() in DATABASES:
+        raise ImproperlyConfigured(f"REDPACK_SHARDS: {_pair!r} is not a new `alias=db_url` pair")
+    DATABASES[_alias.strip()] = env.db_url_config(_url.strip())
+    REDPACK_SHARDS += (_alias.strip(),)
+DATABASE_ROUTERS = ["redpack.shards.ShardRouter"] if REDPACK_SHARDS else []
+
+
+def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
+    if db["ENGINE"] == "django.db.backends.mysql":
+        db.setdefault("OPTIONS", {}).update(
+            {
+                "charset": "utf8mb4",
+                "isolation_level": "read committed",
+                "init_command": "SET sql_mode='STRICT_TRANS_TABLES'",
+                # Bounded handshake: a connect lost in a full listen backlog fails, not hangs.
+                "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
+            }
+        )
+        db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
+    # SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
+    # transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR
+    # UPDATE, so this is what keeps the row-locking strategies exact (writers run one at a time),
+    # and waiting writers queue for up to `timeout` seconds (the busy timeout), not fail at once.
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        db.setdefault("OPTIONS", {}).update(
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+    db["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+    db["CONN_HEALTH_CHECKS"] = True
+
+
+def configure_shard(db: dict, number: int, count: int) -> None:  # type: ignore[type-arg]
+    """A shard's rows (grab rows, refund records, packets, persist failures) take ids that no
+    other shard takes: shard k of n counts k+1, k+1+n, … (auto_increment_offset, _increment),
+    so the ledger on default can key its entries by them. Activity ids come from default."""
+    if db["ENGINE"] != "django.db.backends.mysql":
+        raise ImproperlyConfigured(f"REDPACK_SHARDS: a shard runs on MySQL, not {db['ENGINE']}")
+    db["OPTIONS"]["init_command"] += (
+        f", auto_increment_increment={count}, auto_increment_offset={number + 1}"
     )
-    DATABASES["default"].setdefault("TEST", {}).update(
-        {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
-    )
-# SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
-# transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR UPDATE,
-# so this is what keeps the row-locking strategies exact (writers run one at a time), and waiting
-# writers queue for up to `timeout` seconds (the busy timeout) instead of failing at once.
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        }
-    )
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+
+for _db in DATABASES.values():
+    _configure_database(_db)
+for _number, _alias in enumerate(REDPACK_SHARDS):
+    configure_shard(DATABASES[_alias], _number, len(REDPACK_SHARDS))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -21,12 +21,12 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django_redis import get_redis_connection
 from redis.exceptions import LockNotOwnedError
 from redis.lock import Lock
 
-from redpack import allocation
+from redpack import allocation, shards
 from redpack.models import Activity
 from redpack.money import to_cents
 
@@ -116,7 +116,7 @@ class DistributedLockStrategy(GrabStrategy):
         if not locked:
             logger.warning("closing activity %s without its Redis lock", activity_id)
         try:
-            with transaction.atomic():
+            with shards.atomic():
                 return close_row_locked(activity_id=activity_id)
         finally:
             if locked:

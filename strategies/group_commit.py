@@ -26,12 +26,13 @@ from collections.abc import Hashable, Sequence
 from functools import cached_property
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError
 
-from redpack import allocation
+from redpack import allocation, shards
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity
 from redpack.money import to_cents
+from redpack.shards import connection
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .combiner import Combiner
@@ -68,7 +69,7 @@ class GroupCommitStrategy(GrabStrategy):
         return self.combiner.submit(activity_id, user_id)
 
     def close(self, *, activity_id: int) -> CloseResult:
-        with transaction.atomic():
+        with shards.atomic():
             return close_row_locked(activity_id=activity_id)
 
     def grab_batch(

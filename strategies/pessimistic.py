@@ -8,9 +8,9 @@ no Redis. Failure mode: throughput is bounded by
 one hot row's lock hand-off; waiters queue on the row up to innodb_lock_wait_timeout.
 """
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
-from redpack import allocation
+from redpack import allocation, shards
 from redpack.models import Activity
 from redpack.money import to_cents
 
@@ -50,5 +50,5 @@ class PessimisticStrategy(GrabStrategy):
             return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
 
     def close(self, *, activity_id: int) -> CloseResult:
-        with transaction.atomic():
+        with shards.atomic():
             return close_row_locked(activity_id=activity_id)

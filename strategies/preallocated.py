@@ -25,11 +25,13 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError
 from django.db.models import Max, Min
 
+from redpack import shards
 from redpack.models import Activity, Packet, PacketStatus
 from redpack.money import to_cents
+from redpack.shards import connection
 
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .retry import attempts
@@ -86,7 +88,7 @@ class PreallocatedStrategy(GrabStrategy):
         return GrabResult(Outcome.CONTENDED)
 
     def close(self, *, activity_id: int) -> CloseResult:
-        with transaction.atomic():
+        with shards.atomic():
             return close_row_locked(activity_id=activity_id)
 
     def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:

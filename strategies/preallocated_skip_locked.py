@@ -26,10 +26,11 @@ answers `contended` (they may still roll back). Older MySQL/MariaDB lack SKIP LO
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 
 from redpack.models import Packet, PacketStatus
 from redpack.money import to_cents
+from redpack.shards import connection
 
 from .base import GrabResult, Outcome
 from .preallocated import (

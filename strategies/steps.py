@@ -13,6 +13,9 @@
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
 - `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path.
 
+Every statement goes to the current activity's database (redpack/shards.py: `connection` and
+`atomic()` there), so a strategy runs unchanged on a shard.
+
 Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
 activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
 (activity_id, status) of the packets: inserting a detail, or changing a packet's status, takes
@@ -28,14 +31,15 @@ from datetime import UTC
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from redpack import allocation
+from redpack import allocation, shards
 from redpack.errors import Forbidden, OutcomeUnknown
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
 from redpack.money import from_cents, minus, to_cents
+from redpack.shards import connection
 
 from . import holds
 from .base import CloseResult, GrabResult, Outcome
@@ -50,7 +54,7 @@ def grab_transaction() -> Iterator[None]:
     """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
     autocommit off and on again around every transaction; anywhere else, or inside an outer
-    transaction, transaction.atomic().
+    transaction, shards.atomic().
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
     module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
@@ -58,7 +62,7 @@ def grab_transaction() -> Iterator[None]:
     is closed, which ends the transaction too.
     """
     if connection.vendor != "mysql" or connection.in_atomic_block:
-        with transaction.atomic():
+        with shards.atomic():
             yield
         return
     with connection.cursor() as cursor:
@@ -175,7 +179,7 @@ def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
         raise OutcomeUnknown("a grab's write failed inside an outer transaction")
     connection.close_if_unusable_or_obsolete()  # the one that failed: reconnect
     try:
-        with transaction.atomic():
+        with shards.atomic():
             Activity.objects.select_for_update().filter(pk=activity_id).values_list("pk").first()
             return held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
     except DatabaseError as exc:

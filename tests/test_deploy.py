@@ -70,6 +70,17 @@ def test_mariadb_has_a_replica_of_the_primary():
         assert "@mariadb-primary:3306/" in service["environment"]["DATABASE_URL"]
 
 
+def test_the_shards_profile_adds_two_primaries_the_app_is_pointed_at_by_redpack_shards():
+    shard_dbs = {n: s for n, s in SERVICES.items() if n.startswith("mariadb-shard")}
+    assert sorted(shard_dbs) == ["mariadb-shard0", "mariadb-shard1"]
+    for number, (name, service) in enumerate(sorted(shard_dbs.items())):
+        assert service["profiles"] == ["shards"]
+        assert service["environment"]["MARIADB_DATABASE"] == f"redpack_s{number}"
+        assert service["volumes"] == [f"{name}:/var/lib/mysql"]
+    for service in APP.values():
+        assert service["environment"]["REDPACK_SHARDS"] == "${REDPACK_SHARDS:-}"
+
+
 def test_locust_is_distributed_with_make_runs_scenario_through_the_balancer():
     (master,) = commands(SERVICES["locust-master"])
     (worker,) = commands(SERVICES["locust-worker"])

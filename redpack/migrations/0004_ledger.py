@@ -3,32 +3,42 @@
 import django.db.models.deletion
 from decimal import Decimal
 from django.conf import settings
-from django.db import migrations, models
+from django.db import DEFAULT_DB_ALIAS, migrations, models
 
 
 def open_books(apps, schema_editor):
     """The platform's funding account, and an escrow for every activity sent before the ledger:
     funded by the platform with what the activity still owes its grabbers and sender (its total
-    less its refund), so the crediting task then credits its grabs like any other's."""
-    Account = apps.get_model("redpack", "Account")
+    less its refund), so the crediting task then credits its grabs like any other's.
+
+    The books live on default only: on a shard's database (redpack/shards.py) nothing is done."""
+    db = schema_editor.connection.alias
+    if db != DEFAULT_DB_ALIAS:
+        return
+    Account = apps.get_model("redpack", "Account").objects.using(db)
     Activity = apps.get_model("redpack", "Activity")
     JournalEntry = apps.get_model("redpack", "JournalEntry")
     JournalLine = apps.get_model("redpack", "JournalLine")
-    funding, _ = Account.objects.get_or_create(kind="funding")
-    legacy = Activity.objects.filter(escrow__isnull=True).select_related("refund").order_by("pk")
+    funding, _ = Account.get_or_create(kind="funding")
+    legacy = (
+        Activity.objects.using(db)
+        .filter(escrow__isnull=True)
+        .select_related("refund")
+        .order_by("pk")
+    )
     for activity in legacy.iterator(chunk_size=500):
         refunded = activity.refund.amount if hasattr(activity, "refund") else 0
         owed = activity.total_amount - refunded
-        escrow = Account.objects.create(kind="escrow", activity=activity, balance=owed)
+        escrow = Account.create(kind="escrow", activity=activity, balance=owed)
         if owed:
-            entry = JournalEntry.objects.create(kind="opening", activity=activity)
-            JournalLine.objects.bulk_create(
+            entry = JournalEntry.objects.using(db).create(kind="opening", activity=activity)
+            JournalLine.objects.using(db).bulk_create(
                 [
                     JournalLine(entry=entry, account=funding, amount=-owed),
                     JournalLine(entry=entry, account=escrow, amount=owed),
                 ]
             )
-            Account.objects.filter(pk=funding.pk).update(balance=models.F("balance") - owed)
+            Account.filter(pk=funding.pk).update(balance=models.F("balance") - owed)
 
 
 class Migration(migrations.Migration):

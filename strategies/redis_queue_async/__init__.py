@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Mapping
 
 from django.conf import settings
-from django.db import transaction
 
+from redpack import shards
 from redpack.models import UNRESOLVED_FAILURES, Activity, PersistFailure
 
 from ..base import (
@@ -109,7 +109,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
             keys=Keys(activity_id).ordered(),
             args=[now_ms(), settings.REDPACK_REDIS_STATE_GRACE * 1000],
         )
-        with transaction.atomic():
+        with shards.atomic():
             in_mysql = close_row_locked(activity_id=activity_id)
         if in_redis is not None:
             return CloseResult(*in_redis)
@@ -137,7 +137,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
     def audit(self, activity: Activity) -> list[str]:
         """Redis against MySQL plus the grabs on their way, read with the activity row locked so
         that no batch commits between the two reads."""
-        with transaction.atomic():
+        with shards.atomic():
             locked = Activity.objects.select_for_update().get(pk=activity.pk)
             differences = super().audit(locked)
             failed = PersistFailure.objects.filter(

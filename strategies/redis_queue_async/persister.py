@@ -30,10 +30,11 @@ import logging
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.models import F
 from django.utils import timezone
 
+from redpack import shards
 from redpack.models import (
     UNRESOLVED_FAILURES,
     Activity,
@@ -44,6 +45,7 @@ from redpack.models import (
     PersistFailureStatus,
 )
 from redpack.money import from_cents, to_cents
+from redpack.shards import connection
 
 from .. import registry
 from ..redis_state.keys import mark
@@ -79,18 +81,20 @@ def asynchronous_strategies() -> list[str]:
 
 def _register_open_activities() -> None:
     """Put back into the index every open asynchronous activity (if Redis lost the index)."""
-    open_ids = list(
-        Activity.objects.filter(
+    open_ids = [
+        pk
+        for _ in shards.each()
+        for pk in Activity.objects.filter(
             strategy__in=asynchronous_strategies(), status=ActivityStatus.OPEN
         ).values_list("pk", flat=True)
-    )
+    ]
     if open_ids:
         stream.register(*open_ids)
 
 
 def _store(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
     """One transaction: the grabs MySQL does not have yet; returns how many were inserted."""
-    with transaction.atomic():
+    with shards.atomic():
         status = (
             Activity.objects.select_for_update()
             .filter(pk=activity_id)
@@ -165,7 +169,8 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
 
 def _persist_batch(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:
     try:
-        return _persist(activity_id, entries, redelivered=redelivered)
+        with shards.for_activity(activity_id):
+            return _persist(activity_id, entries, redelivered=redelivered)
     except DatabaseUnavailable:
         stream.hand_back(activity_id, [e.entry_id for e in entries])
         raise
@@ -195,7 +200,7 @@ def _failed(activity_id: int, entry: Entry, error: Exception) -> int:
     now = timezone.now()
     text = f"{type(error).__name__}: {error}"
     try:
-        with transaction.atomic():
+        with shards.atomic():
             failure, _ = PersistFailure.objects.select_for_update().get_or_create(
                 activity_id=activity_id,
                 entry_id=entry.entry_id,
@@ -339,7 +344,7 @@ def retry_failure(failure_id: int) -> str | None:
     payload = failure.payload
     entry = Entry(failure.entry_id, int(payload["user"]), payload["mark"])
     try:
-        with transaction.atomic():
+        with shards.atomic():
             _store(failure.activity_id, [entry], redelivered=False)
             PersistFailure.objects.filter(pk=failure_id).update(
                 status=PersistFailureStatus.RESOLVED, resolved_at=timezone.now()
@@ -388,6 +393,7 @@ def reclaim_run() -> int:
 def dead_letters(activity_id: int | None = None) -> int:
     """Failed grabs not yet in MySQL (retrying or dead), of one activity or all."""
     failures = PersistFailure.objects.filter(status__in=UNRESOLVED_FAILURES)
-    if activity_id is not None:
-        failures = failures.filter(activity_id=activity_id)
-    return failures.count()
+    if activity_id is None:
+        return sum(failures.count() for _ in shards.each())
+    with shards.for_activity(activity_id):
+        return failures.filter(activity_id=activity_id).count()

@@ -30,10 +30,11 @@ from functools import cached_property
 from typing import ClassVar
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+from redpack import shards
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, ActivityStatus
 
@@ -216,7 +217,7 @@ class RedisStateStrategy(GrabStrategy):
                     activity_id,
                 )
 
-        transaction.on_commit(install)
+        shards.on_commit(install)
 
     def install(self, activity_id: int) -> bool:
         """(Re)write the activity's Redis state from MySQL (rebuild.py)."""
@@ -340,7 +341,7 @@ class RedisStateStrategy(GrabStrategy):
             in_redis = script("close")(
                 keys=keys, args=[now_ms(), settings.REDPACK_REDIS_STATE_GRACE * 1000]
             )
-            with transaction.atomic():
+            with shards.atomic():
                 left = close_row_locked(activity_id=activity_id)
             if in_redis is None or CloseResult(*in_redis) == left:
                 return left

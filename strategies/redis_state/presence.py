@@ -11,7 +11,7 @@ An activity sent later writes its own state, so the key stays true until Redis l
 
 from collections.abc import Collection
 
-from redpack import selectors
+from redpack import selectors, shards
 
 from ..lua import redis_client
 from .keys import Keys
@@ -25,11 +25,13 @@ def state_lost(*, strategies: Collection[str]) -> str | None:
     client = redis_client()
     if client.exists(PRESENT_KEY):
         return None
-    ids = list(
-        selectors.activities_with_live_state(strategies=strategies).values_list("pk", flat=True)[
-            :CHECKED_AT_MOST
-        ]
-    )
+    ids = [
+        pk
+        for _ in shards.each()
+        for pk in selectors.activities_with_live_state(strategies=strategies).values_list(
+            "pk", flat=True
+        )[:CHECKED_AT_MOST]
+    ]
     pipeline = client.pipeline(transaction=False)
     for activity_id in ids:
         pipeline.exists(Keys(activity_id).meta)

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 
+from redpack import shards
 from redpack.models import Activity, ActivityStatus, Packet, PacketStatus
 from redpack.money import to_cents
 
@@ -53,7 +53,7 @@ def install(activity_id: int, keys: list[str]) -> bool:
     none commits between reading MySQL and writing Redis. False when the script refused
     (redis_queue_async: grabs are still on their way to MySQL).
     """
-    with transaction.atomic():
+    with shards.atomic():
         activity = Activity.objects.select_for_update().get(pk=activity_id)
         recorded = Recorded.read(activity)
         expires_ms = epoch_ms(activity.expires_at)

@@ -9,10 +9,11 @@ never undone."""
 import logging
 from dataclasses import dataclass
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db import IntegrityError, InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
 from redpack.errors import OutcomeUnknown
+from redpack.shards import connection
 
 from ..base import GrabResult, Outcome
 from ..lua import script

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.contrib.auth.models import AbstractUser
-from django.db import connection
+from django.db import connection, connections
 
 from redpack import services
 from redpack.audit import audit_activity
@@ -53,7 +53,7 @@ def grab_concurrently(
             with lock:
                 errors.append(exc)
         finally:
-            connection.close()
+            connections.close_all()  # default's, and a shard's when sharded (tests/test_shards.py)
 
     threads = [threading.Thread(target=click, args=(u,)) for u in clicks]
     for thread in threads:

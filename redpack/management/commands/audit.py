@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from redpack.audit import Checks, audit_activity, audit_books
+from redpack import shards
+from redpack.audit import AuditReport, Checks, audit_activity, audit_books
 from redpack.models import Activity
 
 
@@ -31,28 +32,39 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: object, **options: Any) -> None:
-        activities = Activity.objects.order_by("pk")
         wanted = set(options["activity"] or [])
-        if wanted:
-            activities = activities.filter(pk__in=wanted)
-            missing = wanted - set(activities.values_list("pk", flat=True))
-            if missing:
-                raise CommandError(f"activity {sorted(missing)[0]} does not exist")
         answers = self._answers(options["answers"]) if options["answers"] else {}
-        reports = [
-            audit_activity(activity, answers=answers.get(activity.pk))
-            for activity in activities.iterator(chunk_size=500)
-        ]
+        reports: list[AuditReport] = []
+        shard_of: dict[int, str] = {}  # activity -> the database it is on (every shard in turn)
+        for alias in shards.each():
+            activities = Activity.objects.order_by("pk")
+            if wanted:
+                activities = activities.filter(pk__in=wanted)
+            for activity in activities.iterator(chunk_size=500):
+                reports.append(audit_activity(activity, answers=answers.get(activity.pk)))
+                shard_of[activity.pk] = alias
+        missing = wanted - shard_of.keys()
+        if missing:
+            raise CommandError(f"activity {sorted(missing)[0]} does not exist")
         failed = [r for r in reports if not r.ok]
         books = audit_books(drained=options["drained"])
+        per_shard = {
+            alias: {
+                "activities": sum(shard_of[r.activity_id] == alias for r in reports),
+                "failed": sum(shard_of[r.activity_id] == alias for r in failed),
+            }
+            for alias in shards.each()
+        }
         if options["json"]:
             body = {
                 "ok": not failed and books.ok,
                 "activities": len(reports),
                 "violations": sum(len(r.violations) for r in reports),
+                "shards": per_shard,
                 "reports": [
                     {
                         "activity": r.activity_id,
+                        "shard": shard_of[r.activity_id],
                         "strategy": r.strategy,
                         "ok": r.ok,
                         "grabbed": r.grabbed,
@@ -78,6 +90,12 @@ class Command(BaseCommand):
             for report in reports:
                 head = f"activity {report.activity_id} ({report.strategy})"
                 self._write(head, report, f"{report.grabbed} grabbed")
+            if shards.enabled():
+                for alias, counts in per_shard.items():
+                    self.stdout.write(
+                        f"{alias}: {counts['activities']} activities audited, "
+                        f"{counts['failed']} with violations"
+                    )
             self.stdout.write(f"{len(reports)} activities audited, {len(failed)} with violations")
             self._write(
                 "books",

@@ -1,14 +1,23 @@
 import MySQLdb
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 
 
 class Command(BaseCommand):
     help = "Create the configured MySQL/MariaDB database (utf8mb4) if it does not exist."
     requires_system_checks: list[str] = []
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            choices=list(settings.DATABASES),
+            help="Which database (a shard's alias of REDPACK_SHARDS); default: default.",
+        )
+
     def handle(self, *args: object, **options: object) -> None:
-        db = settings.DATABASES["default"]
+        db = settings.DATABASES[str(options["database"])]
         if db["ENGINE"] != "django.db.backends.mysql":
             self.stdout.write(f"{db['ENGINE']}: nothing to create")
             return
