@@ -6,6 +6,7 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
 from strategies import registry
@@ -77,7 +78,10 @@ def _snapshot() -> Iterator[None]:
     with shards.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        yield
+        try:
+            yield
+        finally:  # it only read: it ends by ROLLBACK, nothing to commit
+            transaction.set_rollback(True, using=shards.current())
 
 
 def audit_activity(
