@@ -248,6 +248,8 @@ def check_serving(stack: Stack) -> None:
     code, grab = call("POST", f"{stack.web}/api/activities/{activity}/grab/", None, token)
     assert (code, grab["outcome"]) == (200, "grabbed")
     code, health = call("GET", f"{stack.web}/healthz")
+    if health.get("status") != "ok":  # which probe, and why, for the failure's message
+        health["details"] = call("GET", f"{stack.web}/healthz/details", None, token)[1]
     assert (code, health["status"]) == (200, "ok"), health
     assert "seed_demo: pessimistic: demo activity" in stack.output()
 
