@@ -30,6 +30,7 @@ from strategies import registry
 from . import ceilings as ceiling_runs
 from . import processes, report, wrk
 from .bench import DEFAULT_PROCESSES
+from .ceilings import Ceiling
 from .meters import Meters, Usage
 from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
 
@@ -110,6 +111,10 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
     # Over HTTP the web server's own ceiling applies too, measured by the run's own generator:
     # the lower of the two bounds the run.
     web = {"Locust": measured("web"), "wrk": measured("web_wrk")}
+    # A hot burst's p99 is held to its requests ÷ the ping's rate + 1 s: the ping in the same
+    # shape (every user at once on its own connection) where it was measured (wrk), else the
+    # kept-alive ping of the run's own generator.
+    burst = {"Locust": web["Locust"], "wrk": measured("web_burst") or web["wrk"]}
     for name in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == name]
         bench_rows = [r for r in rows if r["run"].startswith("bench")]
@@ -127,6 +132,8 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
                 server = web["wrk" if row["run"].endswith("(wrk)") else "Locust"]
                 candidates = [c for c in (storage, server) if c is not None]
                 bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
+            if row["run"].startswith("HTTP hot"):
+                _p99_budget(row, burst["wrk" if row["run"].endswith("(wrk)") else "Locust"])
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
@@ -135,6 +142,18 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
             row["ceiling_ratio"] = (
                 round(rate / bound["requests_per_s"], 4) if bound and rate is not None else None
             )
+
+
+def _p99_budget(row: dict[str, Any], ping: dict[str, Any] | None) -> None:
+    """Set `p99_budget_ms` (requests ÷ `ping`'s rate + 1 s), the ping it came from, and
+    `p99_within_budget` on a hot burst's row."""
+    requests_sent, p99 = row.get("requests"), row.get("p99_ms")
+    if ping is None or not requests_sent:
+        return
+    budget = 1000 * requests_sent / ping["requests_per_s"] + 1000
+    row["p99_budget_ms"] = round(budget, 1)
+    row["p99_budget_ceiling"] = ping["name"]
+    row["p99_within_budget"] = p99 is not None and p99 <= budget
 
 
 class Compare:
@@ -346,14 +365,54 @@ class Compare:
         )
         self.log(f"  {_rate(rate)}")
         self.log("ceiling: web server, GET /api/ping/ from wrk")
-        wrk = ceiling_runs.web_wrk(
+        kept = ceiling_runs.web_wrk(
             url=f"{self.host}/api/ping/",
             authorization=self.sender_token,
             seconds=c.web_seconds,
             connections=c.concurrency,
         )
-        self.ceilings.append(asdict(wrk))
-        self.log(f"  {_rate(wrk.requests_per_s)} {wrk.note}")
+        self.ceilings.append(asdict(kept))
+        self.log(f"  {_rate(kept.requests_per_s)} {kept.note}")
+        if wrk.available():
+            self._measure_web_burst()
+
+    def _measure_web_burst(self) -> None:
+        """The ping in the hot burst's shape, from wrk: every hot user at once on a connection
+        of its own, one request each. Accepting thousands of connections at once costs the
+        server more per request than kept-alive requests do, so this is the rate the hot
+        burst's answers are held to (its p99 budget: users ÷ this rate + 1 s)."""
+        c = self.config
+        self.log(f"ceiling: web server, GET /api/ping/ burst from wrk ({c.hot_users} connections)")
+        name = "Web: GET /api/ping/ burst, one connection per user, wrk"
+        try:
+            summary = wrk.grab_run(
+                url=f"{self.host}/api/ping/",
+                tokens=self._tokens(c.hot_users),
+                once=True,
+                connections=c.hot_users,
+                seconds=c.hot_seconds,
+                log=c.work_dir / "wrk-ping-burst.log",
+                method="GET",
+            )
+        except RuntimeError as exc:
+            found = Ceiling(name, "web_burst", "wrk", None, note=f"failed: {exc}")
+        else:
+            answered = summary["causes"].get("other_http", 0)  # 200 {"pong": true}
+            found = Ceiling(
+                name,
+                "web_burst",
+                f"wrk -t{wrk.THREADS} -c{summary['connections']}, one request each",
+                summary["requests_per_s"] if answered == summary["requests"] else None,
+                p50_ms=summary["p50_ms"],
+                p99_ms=summary["p99_ms"],
+                note=(
+                    f"{answered} of {summary['requests']} answered in {summary['seconds']} s;"
+                    f" wrk's own CPU {100 * (summary['generator_cpu_share'] or 0):.0f}%"
+                    f" of {wrk.THREADS} cores"
+                ),
+            )
+        self.ceilings.append(asdict(found))
+        self.log(f"  {_rate(found.requests_per_s)} {found.note}")
 
     # --- runs ----------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ HTTP_COLUMNS: list[tuple[str, str, str]] = [
     ("p50_ms", "p50 ms", ",.0f"),
     ("p95_ms", "p95 ms", ",.0f"),
     ("p99_ms", "p99 ms", ",.0f"),
+    ("p99_budget_ms", "hot p99 budget ms", "budget"),
     ("max_ms", "max ms", ",.0f"),
     ("within_1s", "within 1 s", "%"),
     ("generator_cpu_share", "generator CPU", "generator"),
@@ -99,6 +100,11 @@ def cell(value: Any, fmt: str) -> str:
         return str(value)
     if fmt == "causes":
         return ", ".join(f"{cause} {count:,}" for cause, count in value.items()) or "–"
+    if fmt == "budget":
+        budget, within = value
+        if budget is None:
+            return "–"
+        return f"{budget:,.0f}" + (" met" if within else " **over**")
     if fmt == "generator":
         share, bound = value
         if share is None:
@@ -131,6 +137,8 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
         return (row.get(key), row.get("mysql_queries_per_request_own"))
     if fmt == "generator":
         return (row.get(key), row.get("generator_bound"))
+    if fmt == "budget":
+        return (row.get(key), row.get("p99_within_budget"))
     return row.get(key)
 
 
@@ -300,8 +308,12 @@ How to read it:
   mysqlclient threads (GrabStrategy.raw_grab); the rest, the raw one-grab transaction
   (pessimistic's SQL without this project's Python). HTTP rows also cannot beat the web
   server's ping rate (measured by the same generator), so their ceiling is the lower of the
-  two. A hot burst's p99 is held to its users ÷ that ping rate + 1 s (the time to answer
-  everybody at the ping's pace, plus a second).
+  two.
+- **hot p99 budget**: a hot burst's p99 is held to its requests ÷ the ping's rate + 1 s (the
+  time to answer everybody at the ping's pace, plus a second). For wrk, the ping in the
+  burst's own shape (every user at once on a connection of its own, one request each: new
+  connections cost the server more than kept-alive ones); for Locust, its kept-alive ping.
+  `met` or **over**.
 - **Cost per request** (bench rows): the bench processes' CPU (client), Redis's CPU and the
   time inside its EVALSHA calls (INFO commandstats), the MySQL server's CPU, each divided by
   the requests; InnoDB's row-lock wait over the run (Innodb_row_lock_time, time spent waiting);

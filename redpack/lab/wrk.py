@@ -75,10 +75,12 @@ def grab_run(
     connections: int,
     seconds: int,
     log: Path,
+    method: str = "POST",
 ) -> dict[str, Any]:
     """POST grabs to `url` (the activity's grab path) as the users of `tokens` (Authorization
     values); the summary has the keys of a Locust run's (locustfiles/_common.py) plus
-    `granted`: the amounts (decimal strings) of the `grabbed` answers."""
+    `granted`: the amounts (decimal strings) of the `grabbed` answers. With `method` GET and
+    the ping's url, the same run of the no-op (the web server's ceiling for that shape)."""
     tool = available()
     if tool is None:
         raise RuntimeError("wrk not found (apt-get install wrk)")
@@ -95,6 +97,7 @@ def grab_run(
         env = {
             "WRK_TOKENS": str(users),
             "WRK_PATH": path,
+            "WRK_METHOD": method,
             "WRK_THREADS": str(THREADS),
             "WRK_ONCE": "1" if once else "0",
             "WRK_DONE_DIR": str(done_dir),

@@ -4,6 +4,7 @@
 -- Environment:
 --   WRK_TOKENS    file of Authorization header values, one line per user
 --   WRK_PATH      the grab path, /api/activities/<id>/grab/
+--   WRK_METHOD    POST (a grab, the default) or GET (the ping: the burst's web ceiling)
 --   WRK_THREADS   wrk's -t: thread k of n takes the users k, k + n, k + 2n, ...
 --   WRK_ONCE      "1": each user grabs once (the hot burst): a thread that has sent one request
 --                 per user of its share sends no more, and once all of them are answered it
@@ -33,6 +34,7 @@ function init(args)
     line_no = line_no + 1
   end
   path = os.getenv("WRK_PATH")
+  method = os.getenv("WRK_METHOD") or "POST"
   once = os.getenv("WRK_ONCE") == "1"
   done_dir = os.getenv("WRK_DONE_DIR")
   next_user, sent, answered = 1, 0, 0
@@ -52,7 +54,7 @@ end
 function request()
   local index = next_user
   next_user = next_user % #tokens + 1
-  return wrk.format("POST", path, {
+  return wrk.format(method, path, {
     ["Authorization"] = tokens[index],
     ["Content-Length"] = "0",
   })

@@ -80,7 +80,18 @@ def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
             seconds=60,
             log=tmp_path / "wrk.log",
         )
+        # The same shape against the ping (the hot burst's web ceiling): a GET each, all 200.
+        pings = wrk.grab_run(
+            url=f"{base}/api/ping/",
+            tokens=tokens,
+            once=True,
+            connections=USERS,
+            seconds=60,
+            log=tmp_path / "wrk-ping.log",
+            method="GET",
+        )
 
+    assert pings["causes"] == {"other_http": USERS} and pings["unanswered"] == 0
     assert summary["causes"] == {"grabbed": PACKETS, "sold_out": USERS - PACKETS}
     assert summary["unanswered"] == 0 and summary["requests"] == USERS
     rows = GrabDetail.objects.filter(activity=activity).values_list("amount", flat=True)
