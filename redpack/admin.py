@@ -539,6 +539,7 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         counts = run.get("latency_histogram") or {}
         run["histogram_cells"] = [counts.get(b) for b in buckets]
         run["causes"] = run.get("causes") or {}
+        run["p99_budget_text"], run["p99_budget_over"] = report.shown_cell(run, "budget")
         for key, shown in (
             ("within_1s", "within_1s_percent"),
             ("generator_cpu_share", "generator_cpu_percent"),

@@ -83,7 +83,7 @@ STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
 @dataclass
 class Ceiling:
     name: str
-    kind: str  # "redis", "mysql" or "web"
+    kind: str  # "redis", "mysql…" (mysql, mysql_raw, …) or "web…" (web, web_wrk, web_burst)
     tool: str
     requests_per_s: float | None
     p50_ms: float | None = None

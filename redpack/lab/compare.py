@@ -112,9 +112,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
     # the lower of the two bounds the run.
     web = {"Locust": measured("web"), "wrk": measured("web_wrk")}
     # A hot burst's p99 is held to its requests ÷ the ping's rate + 1 s: the ping in the same
-    # shape (every user at once on its own connection) where it was measured (wrk), else the
-    # kept-alive ping of the run's own generator.
-    burst = {"Locust": web["Locust"], "wrk": measured("web_burst") or web["wrk"]}
+    # shape (every user at once on its own connection) where it was measured (wrk), and the
+    # kept-alive ping of the run's own generator beside it.
+    burst = {"Locust": None, "wrk": measured("web_burst")}
     for name in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == name]
         bench_rows = [r for r in rows if r["run"].startswith("bench")]
@@ -133,7 +133,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
                 candidates = [c for c in (storage, server) if c is not None]
                 bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
             if row["run"].startswith("HTTP hot"):
-                _p99_budget(row, burst["wrk" if row["run"].endswith("(wrk)") else "Locust"])
+                generator = "wrk" if row["run"].endswith("(wrk)") else "Locust"
+                _p99_budget(row, "kept_alive", web[generator])
+                _p99_budget(row, "burst", burst[generator])
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
@@ -144,16 +146,15 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
             )
 
 
-def _p99_budget(row: dict[str, Any], ping: dict[str, Any] | None) -> None:
-    """Set `p99_budget_ms` (requests ÷ `ping`'s rate + 1 s), the ping it came from, and
-    `p99_within_budget` on a hot burst's row."""
+def _p99_budget(row: dict[str, Any], shape: str, ping: dict[str, Any] | None) -> None:
+    """Set `p99_budget_<shape>_ms` (requests ÷ `ping`'s rate + 1 s) and
+    `p99_within_<shape>` on a hot burst's row; nothing without that ping."""
     requests_sent, p99 = row.get("requests"), row.get("p99_ms")
     if ping is None or not requests_sent:
         return
     budget = 1000 * requests_sent / ping["requests_per_s"] + 1000
-    row["p99_budget_ms"] = round(budget, 1)
-    row["p99_budget_ceiling"] = ping["name"]
-    row["p99_within_budget"] = p99 is not None and p99 <= budget
+    row[f"p99_budget_{shape}_ms"] = round(budget, 1)
+    row[f"p99_within_{shape}"] = p99 is not None and p99 <= budget
 
 
 class Compare:
@@ -397,19 +398,23 @@ class Compare:
         except RuntimeError as exc:
             found = Ceiling(name, "web_burst", "wrk", None, note=f"failed: {exc}")
         else:
-            answered = summary["causes"].get("other_http", 0)  # 200 {"pong": true}
+            pongs = summary["statuses"].get("200", 0)
+            note = (
+                f"{pongs} of {summary['requests']} answered 200 in {summary['seconds']} s;"
+                f" wrk's own CPU {100 * (summary['generator_cpu_share'] or 0):.0f}%"
+                f" of {wrk.THREADS} cores"
+            )
+            if summary["generator_bound"]:
+                note += "; generator-bound: not a ceiling of the server"
+            usable = pongs == summary["requests"] and not summary["generator_bound"]
             found = Ceiling(
                 name,
                 "web_burst",
                 f"wrk -t{wrk.THREADS} -c{summary['connections']}, one request each",
-                summary["requests_per_s"] if answered == summary["requests"] else None,
+                summary["requests_per_s"] if usable else None,
                 p50_ms=summary["p50_ms"],
                 p99_ms=summary["p99_ms"],
-                note=(
-                    f"{answered} of {summary['requests']} answered in {summary['seconds']} s;"
-                    f" wrk's own CPU {100 * (summary['generator_cpu_share'] or 0):.0f}%"
-                    f" of {wrk.THREADS} cores"
-                ),
+                note=note,
             )
         self.ceilings.append(asdict(found))
         self.log(f"  {_rate(found.requests_per_s)} {found.note}")

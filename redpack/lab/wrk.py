@@ -1,4 +1,5 @@
-"""HTTP grab runs from wrk, a C load generator driven by a Lua script (wrk_grab.lua).
+"""HTTP grab runs from wrk, a C load generator driven by a Lua script (wrk_grab.lua), and the
+same runs of the ping (the web ceiling in the hot burst's shape).
 
 Locust spends far more CPU per request than the server it measures does on a grab, and in the hot
 burst it also spawns 10,000 users on the machine's own cores; wrk does neither, so its runs show
@@ -156,8 +157,10 @@ def summarize(
     """wrk's result as a lab summary (the keys of a Locust run's)."""
     causes: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
     for key, count in result["answers"].items():
         status, outcome, reason, code = key.split("|")
+        statuses[status] += count
         body: dict[str, Any] = {"outcome": outcome, "reason": reason, "error": {"code": code}}
         cause = cause_of(int(status), body, None)
         causes[cause] += count
@@ -190,6 +193,7 @@ def summarize(
         "failures": requests_total - answered,
         "interrupted": 0,
         "causes": {c: causes[c] for c in CAUSES if causes[c]},
+        "statuses": dict(sorted(statuses.items())),  # HTTP status -> answers
         "unanswered": sum(causes[c] for c in UNANSWERED),
         "unexplained": 0,  # every answer has a cause, every missing one is counted as such
         "grabbed": grabbed,

@@ -91,7 +91,7 @@ def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
             method="GET",
         )
 
-    assert pings["causes"] == {"other_http": USERS} and pings["unanswered"] == 0
+    assert pings["statuses"] == {"200": USERS} and pings["unanswered"] == 0
     assert summary["causes"] == {"grabbed": PACKETS, "sold_out": USERS - PACKETS}
     assert summary["unanswered"] == 0 and summary["requests"] == USERS
     rows = GrabDetail.objects.filter(activity=activity).values_list("amount", flat=True)
