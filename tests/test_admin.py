@@ -98,6 +98,8 @@ def test_admin_report_says_no_run_here_and_shows_the_committed_one_as_another_ma
         "every request&#x27;s answer and wait" in body or "every request's answer and wait" in body
     )
     assert "grabbed 100, sold_out" in body and "latency-histogram" in body and "within 1 s" in body
+    # Each hot burst's p99 against its budgets: the ping burst's and the kept-alive ping's.
+    assert "hot p99 budget ms" in body and "(ping burst)" in body and "(kept-alive ping)" in body
     chart = staff_client.get("/admin/redpack/activity/report/chart.png")
     assert chart.status_code == 200 and chart["Content-Type"] == "image/png"
     assert (

@@ -1,5 +1,6 @@
 -- wrk script of `manage.py compare`'s HTTP runs from wrk (redpack/lab/wrk.py): every request
--- POSTs a grab as the next user, and every answer is counted by its status and outcome.
+-- POSTs a grab (or GETs the ping, WRK_METHOD) as the next user, and every answer is counted
+-- by its status and outcome.
 --
 -- Environment:
 --   WRK_TOKENS    file of Authorization header values, one line per user
