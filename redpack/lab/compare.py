@@ -380,8 +380,8 @@ class Compare:
     def _measure_web_burst(self) -> None:
         """The ping in the hot burst's shape, from wrk: every hot user at once on a connection
         of its own, one request each. Accepting thousands of connections at once costs the
-        server more per request than kept-alive requests do, so this is the rate the hot
-        burst's answers are held to (its p99 budget: users ÷ this rate + 1 s)."""
+        server more per request than kept-alive requests do, so a hot burst's p99 is held to
+        users ÷ this rate + 1 s, beside the kept-alive ping's budget (`_p99_budget`)."""
         c = self.config
         self.log(f"ceiling: web server, GET /api/ping/ burst from wrk ({c.hot_users} connections)")
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
