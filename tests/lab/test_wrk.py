@@ -1,6 +1,7 @@
 """The lab's wrk runs (redpack/lab/wrk.py, wrk_grab.lua): every answer counted by cause, and a
 real burst through gunicorn whose `grabbed` answers match MySQL's rows."""
 
+import functools
 from decimal import Decimal
 
 import pytest
@@ -71,25 +72,12 @@ def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
         strategy="redis_counter",
         expires_in=3600,
     )
+    # Every user at once on a connection of its own, one request each.
+    burst = functools.partial(wrk.grab_run, tokens=tokens, once=True, connections=USERS, seconds=60)
     with gunicorn() as base:
-        summary = wrk.grab_run(
-            url=f"{base}/api/activities/{activity.pk}/grab/",
-            tokens=tokens,
-            once=True,
-            connections=USERS,
-            seconds=60,
-            log=tmp_path / "wrk.log",
-        )
+        summary = burst(url=f"{base}/api/activities/{activity.pk}/grab/", log=tmp_path / "wrk.log")
         # The same shape against the ping (the hot burst's web ceiling): a GET each, all 200.
-        pings = wrk.grab_run(
-            url=f"{base}/api/ping/",
-            tokens=tokens,
-            once=True,
-            connections=USERS,
-            seconds=60,
-            log=tmp_path / "wrk-ping.log",
-            method="GET",
-        )
+        pings = burst(url=f"{base}/api/ping/", log=tmp_path / "wrk-ping.log", method="GET")
 
     assert pings["statuses"] == {"200": USERS} and pings["unanswered"] == 0
     assert summary["causes"] == {"grabbed": PACKETS, "sold_out": USERS - PACKETS}
