@@ -17,6 +17,9 @@ is read when /metrics is scraped (redpack/exposition.py).
   survived or answered): `where` names the step.
 """
 
+import functools
+from typing import Any
+
 from django.db import DatabaseError
 from prometheus_client import Counter, Histogram
 from redis.exceptions import RedisError
@@ -78,8 +81,21 @@ def outcome_label(result: GrabResult) -> str:
 
 
 def grab_answered(strategy: str, outcome: str, seconds: float) -> None:
-    GRABS.labels(strategy, outcome).inc()
-    GRAB_SECONDS.labels(strategy).observe(seconds)
+    _grabs(strategy, outcome).inc()
+    _grab_seconds(strategy).observe(seconds)
+
+
+# Every answer looks its labelled children up: prometheus-client builds and checks the label
+# tuple under a lock on each `labels()`, so the children are kept here once found (a handful:
+# strategies × outcomes).
+@functools.cache
+def _grabs(strategy: str, outcome: str) -> Any:
+    return GRABS.labels(strategy, outcome)
+
+
+@functools.cache
+def _grab_seconds(strategy: str) -> Any:
+    return GRAB_SECONDS.labels(strategy)
 
 
 def store_error(exc: BaseException, where: str) -> None:

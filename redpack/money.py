@@ -23,6 +23,13 @@ def from_cents(cents: int) -> Decimal:
     return (Decimal(cents) / 100).quantize(CENT)
 
 
+def sql_decimal(cents: int) -> str:
+    """`cents` as an exact SQL DECIMAL literal ("-12.05"), built from the integer alone, so a
+    statement may carry it inline (no escaping: the hot path's multi-row statements)."""
+    whole, part = divmod(abs(int(cents)), 100)
+    return f"{'-' if cents < 0 else ''}{whole}.{part:02d}"
+
+
 def minus(field: str, cents: int) -> Round:
     """`field - cents` in SQL on a DECIMAL(…, 2) column, rounded to the cent.
 

@@ -24,6 +24,7 @@ update the row deadlock. So every writer takes the activity row exclusively (its
 or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's status.
 """
 
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from django.utils import timezone
 from redpack import allocation, shards
 from redpack.errors import Forbidden, OutcomeUnknown
 from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketStatus
-from redpack.money import from_cents, minus, to_cents
+from redpack.money import from_cents, minus, sql_decimal, to_cents
 from redpack.shards import connection
 
 from . import holds
@@ -262,17 +263,36 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
 
 
 def insert_grab_rows_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
-    """`insert_grab_rows`'s statement on MySQL."""
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for row in rows:
-        params += [activity_id, row.user_id, from_cents(row.cents), row.packet_id, now]
+    """`insert_grab_rows`'s statement on MySQL. Its values are integers, cents and the clock,
+    written inline (`_inline`): a batch of hundreds of rows would otherwise spend more of its
+    time escaping parameters one by one than MySQL spends inserting them."""
+    now = _inline_datetime(connection.ops.adapt_datetimefield_value(timezone.now()))
+    activity = int(activity_id)
+    values = ", ".join(
+        f"({activity}, {int(row.user_id)}, {sql_decimal(row.cents)}, {_inline(row.packet_id)},"
+        f" {now})"
+        for row in rows
+    )
     return (
         f"INSERT INTO {GrabDetail._meta.db_table}"
         f" (activity_id, user_id, amount, redpack_id, created_at) VALUES {values}",
-        params,
+        [],
     )
+
+
+def _inline(value: int | None) -> str:
+    """An id written into a statement: an integer or NULL, nothing else."""
+    return "NULL" if value is None else str(int(value))
+
+
+def _inline_datetime(value: str) -> str:
+    """The backend's text for a datetime, quoted; only digits and separators can pass."""
+    if not _DATETIME_TEXT.fullmatch(value):
+        raise ValueError(f"not a datetime literal: {value!r}")
+    return f"'{value}'"
+
+
+_DATETIME_TEXT = re.compile(r"[0-9][0-9 :.-]*")
 
 
 def record_grab_raw(
@@ -410,22 +430,19 @@ def claim_packets(rows: list[GrabRow]) -> bool:
 
 
 def claim_packets_sql(rows: list[GrabRow]) -> Statement:
-    """`claim_packets`'s statement on MySQL."""
-    cases = " ".join(["WHEN %s THEN %s"] * len(rows))
-    ids = ", ".join(["%s"] * len(rows))
-    users = [value for row in rows for value in (row.packet_id, row.user_id)]
-    amounts = [value for row in rows for value in (row.packet_id, from_cents(row.cents))]
+    """`claim_packets`'s statement on MySQL: the packets joined, by primary key, to the batch's
+    (packet, user, amount) rows, inline (`_inline`). One pass over the batch, where
+    `CASE id WHEN … END` per column cost MySQL time in the square of the batch's size."""
+    chosen = " UNION ALL ".join(
+        f"SELECT {_inline(row.packet_id)} AS id, {int(row.user_id)} AS user_id,"
+        f" {sql_decimal(row.cents)} AS amount"
+        for row in rows
+    )
     return (
-        f"UPDATE {Packet._meta.db_table} SET status = %s,"
-        f" grabbed_by_id = CASE id {cases} END, version = version + 1"
-        f" WHERE id IN ({ids}) AND status = %s AND amount = CASE id {cases} END",
-        [
-            PacketStatus.TAKEN.value,
-            *users,
-            *(row.packet_id for row in rows),
-            PacketStatus.AVAILABLE.value,
-            *amounts,
-        ],
+        f"UPDATE {Packet._meta.db_table} p JOIN ({chosen}) chosen ON p.id = chosen.id"
+        " SET p.status = %s, p.grabbed_by_id = chosen.user_id, p.version = p.version + 1"
+        " WHERE p.status = %s AND p.amount = chosen.amount",
+        [PacketStatus.TAKEN.value, PacketStatus.AVAILABLE.value],
     )
 
 

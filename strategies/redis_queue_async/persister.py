@@ -39,12 +39,10 @@ from redpack.models import (
     UNRESOLVED_FAILURES,
     Activity,
     ActivityStatus,
-    Packet,
-    PacketStatus,
     PersistFailure,
     PersistFailureStatus,
 )
-from redpack.money import from_cents, to_cents
+from redpack.money import from_cents
 from redpack.shards import connection
 
 from .. import registry
@@ -140,31 +138,22 @@ def _not_yet_recorded(activity_id: int, entries: list[Entry]) -> list[Entry]:
 
 
 def _insert(activity_id: int, fresh: list[Entry]) -> None:
-    by_packet = {e.packet_id: e for e in fresh if e.packet_id is not None}
-    available = dict(
-        Packet.objects.filter(
-            activity_id=activity_id, pk__in=list(by_packet), status=PacketStatus.AVAILABLE
-        ).values_list("pk", "amount")
-    )
-    for entry in fresh:
-        packet_id = entry.packet_id
-        takes_it = (
-            packet_id is not None
-            and by_packet[packet_id] == entry  # no other entry of the batch names that packet
-            and packet_id in available
-            and to_cents(available[packet_id]) == entry.cents
-        )
-        if not takes_it:
+    """The surplus, the detail rows and the packets' claims: the claim's UPDATE takes a packet
+    only if it is still available at the entry's amount, so a packet that is not fails the
+    batch (rolled back, then its entries are tried one by one)."""
+    rows = [GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh]
+    packets = {row.packet_id for row in rows}
+    if None in packets or len(packets) != len(rows):
+        raise Conflict("an entry of the batch names no packet, or a packet another one names")
+    take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
+    insert_grab_rows(activity_id=activity_id, rows=rows)
+    if not claim_packets(rows):
+        if len(rows) == 1:
             raise Conflict(
-                f"packet {entry.packet_id} is not available at {from_cents(entry.cents)} in MySQL"
+                f"packet {rows[0].packet_id} is not available at {from_cents(rows[0].cents)}"
+                " in MySQL"
             )
-    take_from_surplus(activity_id=activity_id, count=len(fresh), cents=sum(e.cents for e in fresh))
-    insert_grab_rows(
-        activity_id=activity_id,
-        rows=[GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh],
-    )
-    if not claim_packets([GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh]):
-        raise Conflict("a packet of the batch was taken meanwhile")  # checked above, under lock
+        raise Conflict("a packet of the batch is not available at its amount in MySQL")
 
 
 def _persist_batch(activity_id: int, entries: list[Entry], *, redelivered: bool) -> int:

@@ -20,6 +20,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -45,13 +46,17 @@ class Entry:
         text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         return cls(text, int(fields[b"user"]), fields[b"mark"].decode())
 
+    @cached_property
+    def _parsed(self) -> tuple[int, int | None]:
+        return parse_mark(self.mark)
+
     @property
     def cents(self) -> int:
-        return parse_mark(self.mark)[0]
+        return self._parsed[0]
 
     @property
     def packet_id(self) -> int | None:
-        return parse_mark(self.mark)[1]
+        return self._parsed[1]
 
 
 def _id_ms(entry_id: bytes) -> int:

@@ -1,0 +1,71 @@
+"""The shared steps' multi-row statements (strategies/steps.py), on real MariaDB: a batch's
+packets are claimed all or none, and the values written inline are exactly the grabs'."""
+
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+
+from redpack import services
+from redpack.models import GrabDetail, Packet, PacketStatus
+from redpack.money import sql_decimal, to_cents
+from strategies.steps import GrabRow, claim_packets, insert_grab_rows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize(
+    ("cents", "text"), [(0, "0.00"), (5, "0.05"), (100, "1.00"), (123456, "1234.56"), (-7, "-0.07")]
+)
+def test_cents_are_written_as_exact_decimal_literals(cents, text):
+    assert sql_decimal(cents) == text
+    assert to_cents(Decimal(text)) == cents
+
+
+def packets_of(sender, count):  # type: ignore[no-untyped-def]
+    activity = services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("10.00"),
+        total_count=count,
+        strategy="redis_queue",
+        allocation_kind="equal",
+    )
+    return activity, list(Packet.objects.filter(activity=activity).order_by("pk"))
+
+
+def test_a_batch_claims_each_packet_for_its_own_user(make_users, sender):
+    activity, packets = packets_of(sender, 4)
+    users = make_users(3)
+    rows = [GrabRow(u.pk, to_cents(p.amount), p.pk) for u, p in zip(users, packets, strict=False)]
+    with transaction.atomic():
+        assert claim_packets(rows)
+        insert_grab_rows(activity_id=activity.pk, rows=rows)
+    owners = dict(Packet.objects.filter(activity=activity).values_list("pk", "grabbed_by_id"))
+    assert owners == {**{r.packet_id: r.user_id for r in rows}, packets[3].pk: None}
+    assert sorted(
+        GrabDetail.objects.filter(activity=activity).values_list("user_id", "amount", "redpack_id")
+    ) == sorted((r.user_id, Decimal(sql_decimal(r.cents)), r.packet_id) for r in rows)
+
+
+@pytest.mark.parametrize("fault", ["wrong amount", "taken", "named twice"])
+def test_a_batch_with_one_bad_claim_reports_it_and_rolls_back_whole(make_users, sender, fault):
+    activity, packets = packets_of(sender, 3)
+    users = make_users(3)
+    rows = [GrabRow(u.pk, to_cents(p.amount), p.pk) for u, p in zip(users, packets, strict=True)]
+    if fault == "wrong amount":
+        rows[1] = GrabRow(rows[1].user_id, rows[1].cents + 1, rows[1].packet_id)
+    elif fault == "taken":
+        assert claim_packets([rows[1]])
+    else:
+        rows[2] = GrabRow(rows[2].user_id, rows[2].cents, rows[1].packet_id)
+    before = dict(Packet.objects.filter(activity=activity).values_list("pk", "status"))
+
+    class RolledBack(Exception):
+        pass
+
+    with pytest.raises(RolledBack), transaction.atomic():
+        if not claim_packets(rows):
+            raise RolledBack
+    assert dict(Packet.objects.filter(activity=activity).values_list("pk", "status")) == before
+    if fault != "taken":
+        assert set(before.values()) == {PacketStatus.AVAILABLE}
