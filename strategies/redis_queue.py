@@ -61,5 +61,5 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         row = GrabRow(user_id, cents, packet_id)
         cursor.execute("START TRANSACTION")
         record_grab_raw(cursor, activity_id=activity_id, row=row)
-        cursor.execute(*claim_packets_sql([row]))
+        cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=[row]))
         cursor.execute("COMMIT")

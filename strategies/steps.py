@@ -406,22 +406,24 @@ def claim_packet_sql(*, packet_id: int, user_id: int, version: int | None) -> St
     )
 
 
-def claim_packets(rows: list[GrabRow]) -> bool:
-    """`claim_packet` for a batch, in one UPDATE: True when every row's packet was available
-    at that amount and is now taken by its user; False when any was not (the caller's
-    transaction must then roll back).
+def claim_packets(*, activity_id: int, rows: list[GrabRow]) -> bool:
+    """`claim_packet` for a batch, in one UPDATE: True when every row's packet is one of the
+    activity's, was available at that amount and is now taken by its user; False when any was
+    not (the caller's transaction must then roll back).
 
     Call it only while holding the activity row exclusively (see the module docstring). On
     MySQL one raw statement (two CASEs over the ids); elsewhere the ORM's equivalent.
     """
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:
-            cursor.execute(*claim_packets_sql(rows))
+            cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=rows))
             return cursor.rowcount == len(rows)
     matching = Q()
     for row in rows:
         matching |= Q(pk=row.packet_id, amount=from_cents(row.cents))
-    updated = Packet.objects.filter(matching, status=PacketStatus.AVAILABLE).update(
+    updated = Packet.objects.filter(
+        matching, activity_id=activity_id, status=PacketStatus.AVAILABLE
+    ).update(
         status=PacketStatus.TAKEN,
         grabbed_by_id=Case(*[When(pk=row.packet_id, then=Value(row.user_id)) for row in rows]),
         version=F("version") + 1,
@@ -429,7 +431,7 @@ def claim_packets(rows: list[GrabRow]) -> bool:
     return updated == len(rows)
 
 
-def claim_packets_sql(rows: list[GrabRow]) -> Statement:
+def claim_packets_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
     """`claim_packets`'s statement on MySQL: the packets joined, by primary key, to the batch's
     (packet, user, amount) rows, inline (`_inline`). One pass over the batch, where
     `CASE id WHEN … END` per column cost MySQL time in the square of the batch's size."""
@@ -441,8 +443,8 @@ def claim_packets_sql(rows: list[GrabRow]) -> Statement:
     return (
         f"UPDATE {Packet._meta.db_table} p JOIN ({chosen}) chosen ON p.id = chosen.id"
         " SET p.status = %s, p.grabbed_by_id = chosen.user_id, p.version = p.version + 1"
-        " WHERE p.status = %s AND p.amount = chosen.amount",
-        [PacketStatus.TAKEN.value, PacketStatus.AVAILABLE.value],
+        " WHERE p.activity_id = %s AND p.status = %s AND p.amount = chosen.amount",
+        [PacketStatus.TAKEN.value, activity_id, PacketStatus.AVAILABLE.value],
     )
 
 

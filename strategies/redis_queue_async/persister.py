@@ -147,7 +147,7 @@ def _insert(activity_id: int, fresh: list[Entry]) -> None:
         raise Conflict("an entry of the batch names no packet, or a packet another one names")
     take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
     insert_grab_rows(activity_id=activity_id, rows=rows)
-    if not claim_packets(rows):
+    if not claim_packets(activity_id=activity_id, rows=rows):
         if len(rows) == 1:
             raise Conflict(
                 f"packet {rows[0].packet_id} is not available at {from_cents(rows[0].cents)}"

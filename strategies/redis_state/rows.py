@@ -67,7 +67,7 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
                 )
                 insert_grab_rows(activity_id=activity_id, rows=rows)
                 claims = [row for row in rows if row.packet_id is not None]
-                if claims and not claim_packets(claims):
+                if claims and not claim_packets(activity_id=activity_id, rows=claims):
                     raise PacketTaken([row.packet_id for row in claims])
         except Exception as exc:  # noqa: BLE001 - settled grab by grab below
             logger.info(
@@ -121,7 +121,9 @@ def write_grab(
     try:
         with grab_transaction():
             record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
-            if packet_id is not None and not claim_packets([this_grab]):
+            if packet_id is not None and not claim_packets(
+                activity_id=activity_id, rows=[this_grab]
+            ):
                 raise PacketTaken(packet_id)
     except PacketTaken:
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)

@@ -38,7 +38,7 @@ def test_a_batch_claims_each_packet_for_its_own_user(make_users, sender):
     users = make_users(3)
     rows = [GrabRow(u.pk, to_cents(p.amount), p.pk) for u, p in zip(users, packets, strict=False)]
     with transaction.atomic():
-        assert claim_packets(rows)
+        assert claim_packets(activity_id=activity.pk, rows=rows)
         insert_grab_rows(activity_id=activity.pk, rows=rows)
     owners = dict(Packet.objects.filter(activity=activity).values_list("pk", "grabbed_by_id"))
     assert owners == {**{r.packet_id: r.user_id for r in rows}, packets[3].pk: None}
@@ -47,7 +47,7 @@ def test_a_batch_claims_each_packet_for_its_own_user(make_users, sender):
     ) == sorted((r.user_id, Decimal(sql_decimal(r.cents)), r.packet_id) for r in rows)
 
 
-@pytest.mark.parametrize("fault", ["wrong amount", "taken", "named twice"])
+@pytest.mark.parametrize("fault", ["wrong amount", "taken", "named twice", "another activity's"])
 def test_a_batch_with_one_bad_claim_reports_it_and_rolls_back_whole(make_users, sender, fault):
     activity, packets = packets_of(sender, 3)
     users = make_users(3)
@@ -55,17 +55,20 @@ def test_a_batch_with_one_bad_claim_reports_it_and_rolls_back_whole(make_users, 
     if fault == "wrong amount":
         rows[1] = GrabRow(rows[1].user_id, rows[1].cents + 1, rows[1].packet_id)
     elif fault == "taken":
-        assert claim_packets([rows[1]])
-    else:
+        assert claim_packets(activity_id=activity.pk, rows=[rows[1]])
+    elif fault == "named twice":
         rows[2] = GrabRow(rows[2].user_id, rows[2].cents, rows[1].packet_id)
-    before = dict(Packet.objects.filter(activity=activity).values_list("pk", "status"))
+    else:
+        _, elsewhere = packets_of(sender, 3)
+        rows[0] = GrabRow(rows[0].user_id, to_cents(elsewhere[0].amount), elsewhere[0].pk)
+    before = dict(Packet.objects.values_list("pk", "status"))
 
     class RolledBack(Exception):
         pass
 
     with pytest.raises(RolledBack), transaction.atomic():
-        if not claim_packets(rows):
+        if not claim_packets(activity_id=activity.pk, rows=rows):
             raise RolledBack
-    assert dict(Packet.objects.filter(activity=activity).values_list("pk", "status")) == before
+    assert dict(Packet.objects.values_list("pk", "status")) == before
     if fault != "taken":
         assert set(before.values()) == {PacketStatus.AVAILABLE}
