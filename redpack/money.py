@@ -26,7 +26,9 @@ def from_cents(cents: int) -> Decimal:
 def sql_decimal(cents: int) -> str:
     """`cents` as an exact SQL DECIMAL literal ("-12.05"), built from the integer alone, so a
     statement may carry it inline (no escaping: the hot path's multi-row statements)."""
-    whole, part = divmod(abs(int(cents)), 100)
+    if not isinstance(cents, int):
+        raise TypeError(f"cents must be an int, not {type(cents).__name__}")
+    whole, part = divmod(abs(cents), 100)
     return f"{'-' if cents < 0 else ''}{whole}.{part:02d}"
 
 

@@ -412,7 +412,7 @@ def claim_packets(*, activity_id: int, rows: list[GrabRow]) -> bool:
     not (the caller's transaction must then roll back).
 
     Call it only while holding the activity row exclusively (see the module docstring). On
-    MySQL one raw statement (two CASEs over the ids); elsewhere the ORM's equivalent.
+    MySQL one raw statement (`claim_packets_sql`); elsewhere the ORM's equivalent.
     """
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:

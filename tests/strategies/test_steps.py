@@ -22,6 +22,12 @@ def test_cents_are_written_as_exact_decimal_literals(cents, text):
     assert to_cents(Decimal(text)) == cents
 
 
+@pytest.mark.parametrize("cents", [1.5, "12", Decimal("1.00")])
+def test_only_whole_cents_become_literals(cents):
+    with pytest.raises(TypeError):
+        sql_decimal(cents)
+
+
 def packets_of(sender, count):  # type: ignore[no-untyped-def]
     activity = services.activity_send(
         sender_id=sender.pk,
