@@ -62,4 +62,7 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         cursor.execute("START TRANSACTION")
         record_grab_raw(cursor, activity_id=activity_id, row=row)
         cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=[row]))
+        if cursor.rowcount != 1:  # as write_grab: the packet Redis gave is not free in MySQL
+            cursor.execute("ROLLBACK")
+            raise RuntimeError(f"packet {packet_id} is not available at {cents} cents in MySQL")
         cursor.execute("COMMIT")
