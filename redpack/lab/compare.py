@@ -129,13 +129,12 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
         for row in rows:
             bound = storage
             if row["run"].startswith("HTTP"):
-                server = web["wrk" if row["run"].endswith("(wrk)") else "Locust"]
-                candidates = [c for c in (storage, server) if c is not None]
-                bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
-            if row["run"].startswith("HTTP hot"):
                 generator = "wrk" if row["run"].endswith("(wrk)") else "Locust"
-                _p99_budget(row, "kept_alive", web[generator])
-                _p99_budget(row, "burst", burst[generator])
+                candidates = [c for c in (storage, web[generator]) if c is not None]
+                bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
+                if row["run"].startswith("HTTP hot"):
+                    _p99_budget(row, "kept_alive", web[generator])
+                    _p99_budget(row, "burst", burst[generator])
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
