@@ -35,6 +35,7 @@ from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 from redpack import metrics, selectors
+from redpack.hotsettings import hot
 from redpack.models import GrabDetail
 from redpack.money import to_cents
 from strategies import registry
@@ -76,7 +77,7 @@ return 1
 
 
 def enabled() -> bool:
-    return settings.REDPACK_FINISHED_SECONDS > 0
+    return hot.REDPACK_FINISHED_SECONDS > 0
 
 
 def answer(

@@ -24,6 +24,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 
+from .hotsettings import hot
+
 SHARDED_MODELS = frozenset({"activity", "packet", "grabdetail", "refund", "persistfailure"})
 
 _current: ContextVar[str | None] = ContextVar("redpack_shard", default=None)
@@ -39,7 +41,7 @@ def enabled() -> bool:
 
 def alias_of(activity_id: int) -> str:
     """The database of the activity (`default` when not sharded)."""
-    aliases = settings.REDPACK_SHARDS
+    aliases = hot.REDPACK_SHARDS
     return aliases[activity_id % len(aliases)] if aliases else DEFAULT_DB_ALIAS
 
 

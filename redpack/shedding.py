@@ -13,34 +13,38 @@ docs/operations.md for the measurement behind it.
 """
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from django.conf import settings
+from .hotsettings import hot
 
 _lock = threading.Lock()
 _in_line: dict[int, int] = {}  # activity id -> grabs under way in this process
 
 
-@contextmanager
-def place(activity_id: int, *, bounded: bool = True) -> Iterator[bool]:
-    """A place in the activity's line for the duration of the block; False (and no place)
-    when the line is full and `bounded` (a web request: the direct bench and the tests' own
-    threads drive the service unbounded, but still count in the line)."""
-    with _lock:
-        waiting = _in_line.get(activity_id, 0)
-        if bounded and waiting >= settings.REDPACK_GRAB_LINE:
-            placed = False
-        else:
-            placed = True
-            _in_line[activity_id] = waiting + 1
-    try:
-        yield placed
-    finally:
-        if placed:
+class place:  # noqa: N801 - used as a function, like transaction.atomic
+    """A place in the activity's line for the duration of the block; the block gets False (and
+    no place) when the line is full and `bounded` (a web request: the direct bench and the
+    tests' own threads drive the service unbounded, but still count in the line). A class, not
+    a generator: it is on every grab's path."""
+
+    __slots__ = ("activity_id", "bounded", "placed")
+
+    def __init__(self, activity_id: int, *, bounded: bool = True) -> None:
+        self.activity_id = activity_id
+        self.bounded = bounded
+
+    def __enter__(self) -> bool:
+        with _lock:
+            waiting = _in_line.get(self.activity_id, 0)
+            self.placed = not (self.bounded and waiting >= hot.REDPACK_GRAB_LINE)
+            if self.placed:
+                _in_line[self.activity_id] = waiting + 1
+        return self.placed
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.placed:
             with _lock:
-                left = _in_line[activity_id] - 1
+                left = _in_line[self.activity_id] - 1
                 if left:
-                    _in_line[activity_id] = left
+                    _in_line[self.activity_id] = left
                 else:
-                    del _in_line[activity_id]
+                    del _in_line[self.activity_id]

@@ -25,11 +25,11 @@ INSERT: each member is then run again on its own, so only that member gets its 4
 from collections.abc import Hashable, Sequence
 from functools import cached_property
 
-from django.conf import settings
 from django.db import DatabaseError, IntegrityError
 
 from redpack import allocation, shards
 from redpack.errors import OutcomeUnknown
+from redpack.hotsettings import hot
 from redpack.models import Activity
 from redpack.money import to_cents
 from redpack.shards import connection
@@ -60,7 +60,7 @@ class GroupCommitStrategy(GrabStrategy):
 
     @cached_property
     def combiner(self) -> Combiner[int, GrabResult]:
-        return Combiner(self.grab_batch, cap=lambda: settings.REDPACK_BATCH_MAX)
+        return Combiner(self.grab_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
 
     def prepare(self, activity: Activity) -> None:
         """Nothing to prepare: the activity row is the whole state."""

@@ -36,6 +36,7 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from redpack import shards
 from redpack.errors import OutcomeUnknown
+from redpack.hotsettings import hot
 from redpack.models import Activity, ActivityStatus
 
 from .. import registry
@@ -74,7 +75,7 @@ class RedisStateStrategy(GrabStrategy):
 
     @cached_property
     def combiner(self) -> Combiner[Member, Decision]:
-        return Combiner(self.decide_batch, cap=lambda: settings.REDPACK_BATCH_MAX)
+        return Combiner(self.decide_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
 
     def script_args(self) -> tuple[str, int]:
         """ARGV lua/grab.lua takes before the users: how it takes a packet, and a seed for a

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from redis.exceptions import ConnectionError, TimeoutError
 
 from redpack.errors import OutcomeUnknown
+from redpack.hotsettings import hot
 
 from ..lua import script
 
@@ -105,9 +105,9 @@ def run_grabs(
     args: list[int | str] = [now_ms(), *extra]
     for user_id, attempt in members:
         args += [user_id, attempt]
-    for run in range(settings.REDPACK_REDIS_GRAB_RERUNS + 1):
+    for run in range(hot.REDPACK_REDIS_GRAB_RERUNS + 1):
         try:
-            reply = script("grab")(keys=keys, args=args)
+            reply = script("grab").run_pinned(keys, args)
         except (ConnectionError, TimeoutError) as exc:
             logger.warning("grab: reply %d lost (%s); the outcome is unknown", run + 1, exc)
             lost = exc
