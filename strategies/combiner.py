@@ -2,10 +2,11 @@
 them, so that N waiting grabs cost one round trip (one Redis script, one MySQL transaction).
 
 Per key (a strategy's activity), a FIFO of pending items that exists while a batch runs. A
-caller appends its item; if no batch runs, it leads: it takes up to `cap` items from the front
-(its own is the first), runs them with `run_batch` on its own connections, hands every member
-its answer, then passes the lead to the oldest item still pending, and returns its own answer.
-Every other caller waits on its own gate for its answer, or for the lead. So:
+caller that finds no batch running leads at once: its own item first, then the oldest pending
+ones up to `cap` in all, run with `run_batch` on its own connections; it hands every member its
+answer, passes the lead to the oldest item still pending (taking it off the line), and returns
+its own answer. Any other caller appends its item and waits on its own gate for its answer, or
+for the lead. So:
 
 - never a timer: a lone grab runs at once, as a batch of one; batches grow only with contention
   (the items that arrived while the previous batch ran), up to `cap`;
@@ -45,17 +46,17 @@ def _closed_gate() -> threading.Lock:
 
 
 class _Slot(Generic[Item, Answer]):
-    """One caller's item. A follower's gate is a lock taken at creation: the follower waits by
+    """A waiting caller's item. Its gate is a lock taken at creation: the caller waits by
     taking it again, a leader wakes it by releasing it (cheaper than an Event), once for the
-    lead and once for the answer at most. A caller that leads at once needs no gate."""
+    lead or once for the answer. A caller that leads at once has no slot."""
 
     __slots__ = ("item", "gate", "taken", "lead", "answered", "answer")
 
-    def __init__(self, item: Item, gate: "threading.Lock | None") -> None:
+    def __init__(self, item: Item, gate: threading.Lock) -> None:
         self.item = item
         self.gate = gate
         self.taken = False  # a batch holds it: the caller waits for the answer, whatever happens
-        self.lead = False  # woken to lead the next batch
+        self.lead = False  # woken to lead the next batch (off the line, not in a batch)
         self.answered = False
         self.answer: Answer | BaseException | None = None
 
@@ -109,40 +110,41 @@ class Combiner(Generic[Item, Answer]):
         """
         with self._lock:
             lane = self._lanes.get(key)
-            leads = lane is None
-            if lane is None:  # no batch runs: this caller leads one at once
-                lane = self._lanes[key] = _Lane()
-                slot: _Slot[Item, Answer] = _Slot(item, None)
+            if lane is None:  # no batch runs: this caller leads one at once, with no slot
+                self._lanes[key] = lane = _Lane()
+                slot: _Slot[Item, Answer] | None = None
             else:
                 slot = _Slot(item, _closed_gate())
-            lane.pending.append(slot)
-        if not leads:
-            assert slot.gate is not None
-            if not slot.gate.acquire(timeout=-1 if timeout is None else timeout):
-                with self._lock:
-                    if not slot.taken and not slot.lead:
-                        lane.pending.remove(slot)
-                        raise GaveUp(f"no batch took the item within {timeout} s")
-                slot.gate.acquire()  # taken meanwhile: its answer (or the lead) is on the way
-        if not slot.answered:
-            assert leads or slot.lead
-            self._lead(key, lane)
-        return self._answer_of(slot)
+                lane.pending.append(slot)
+        if slot is None:
+            return self._lead(key, lane, item)
+        if not slot.gate.acquire(timeout=-1 if timeout is None else timeout):
+            with self._lock:
+                if not slot.taken and not slot.lead:
+                    lane.pending.remove(slot)
+                    raise GaveUp(f"no batch took the item within {timeout} s")
+            slot.gate.acquire()  # taken meanwhile: its answer (or the lead) is on the way
+        if slot.answered:
+            return self._answer_of(slot)
+        assert slot.lead  # the lead was passed to it, its slot off the lane
+        return self._lead(key, lane, item)
 
-    def _lead(self, key: Hashable, lane: _Lane[Item, Answer]) -> None:
-        """Run one batch from the front of the lane (the leader's own item is the first), answer
-        its members, pass the lead on (or retire the lane when nobody waits)."""
+    def _lead(self, key: Hashable, lane: _Lane[Item, Answer], own: Item) -> Answer:
+        """Run one batch: the leader's own item, then the oldest pending ones up to the cap;
+        answer its members, pass the lead on (or retire the lane when nobody waits), and return
+        the leader's own answer."""
         with self._lock:
-            size = max(1, min(self.cap(), len(lane.pending)))
-            batch = [lane.pending.popleft() for _ in range(size)]
-            for member in batch:
+            pending = lane.pending
+            others = [pending.popleft() for _ in range(min(self.cap() - 1, len(pending)))]
+            for member in others:
                 member.taken = True
+        size = 1 + len(others)
         with _sizes_lock:
             _sizes[size] += 1
         metrics.BATCH_SIZE.observe(size)
         try:
             answers: Sequence[Answer | BaseException] = self.run_batch(
-                key, [member.item for member in batch]
+                key, [own, *(member.item for member in others)]
             )
             if len(answers) != size:
                 raise RuntimeError(f"{len(answers)} answers for a batch of {size}")
@@ -151,18 +153,19 @@ class Combiner(Generic[Item, Answer]):
         finally:
             with self._lock:
                 if lane.pending:
-                    successor = lane.pending[0]
+                    successor = lane.pending.popleft()
                     successor.lead = True
-                    assert successor.gate is not None
                     successor.gate.release()
                 else:
                     del self._lanes[key]
-        batch[0].answer, batch[0].answered = answers[0], True  # the leader's own: no gate
-        for member, answer in zip(batch[1:], answers[1:], strict=True):
+        for member, answer in zip(others, answers[1:], strict=True):
             member.answer = answer
             member.answered = True
-            assert member.gate is not None
             member.gate.release()
+        mine = answers[0]
+        if isinstance(mine, BaseException):
+            raise mine
+        return mine
 
     @staticmethod
     def _answer_of(slot: "_Slot[Item, Answer]") -> Answer:
