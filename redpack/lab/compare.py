@@ -66,6 +66,16 @@ class CompareConfig:
     command: str = "manage.py compare"
 
 
+def backlog_before() -> str | None:
+    """Work older than the run that background tasks would do during it, sharing the machine
+    with the runs and lowering their figures: grabs of a write-behind strategy still on their
+    way to MySQL (failed writes retried among them); None when there is none."""
+    _, sections = registry.health()
+    persist = sections.get("persist")
+    waiting = int(persist.get("pending", 0)) if isinstance(persist, dict) else 0
+    return f"{waiting} grabs waited to persist" if waiting else None
+
+
 def celery_tasks() -> list[str]:
     """The project's own Celery tasks; a Celery worker and beat run only when there are some."""
     from redpack.celery import app
@@ -164,6 +174,7 @@ class Compare:
         self.results: list[dict[str, Any]] = []
         self.ceilings: list[dict[str, Any]] = []
         self.names = config.strategies or registry.names()
+        self.backlog: str | None = None
         self.host = f"http://127.0.0.1:{config.port}"
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.env = self._env()
@@ -188,6 +199,9 @@ class Compare:
         load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         started = time.monotonic()
         self.log(f"strategies: {', '.join(self.names)}")
+        self.backlog = backlog_before()
+        if self.backlog:
+            self.log(f"warning: {self.backlog}")
         self._bench_users()
         self._measure_storage_ceilings()
         try:
@@ -579,11 +593,13 @@ class Compare:
             "settings": [f"{k} = {_relative(v)}" for k, v in asdict(c).items() if k != "command"],
             "books": books,
         }
+        warnings = []
         if float(load_before.split(",")[0]) > cpus:
-            context["warning"] = (
-                f"The machine was busy (load average {load_before} on {cpus} CPUs): these "
-                "figures are indicative only."
-            )
+            warnings.append(f"The machine was busy (load average {load_before} on {cpus} CPUs)")
+        if self.backlog:
+            warnings.append(f"Before the runs, {self.backlog}")
+        if warnings:
+            context["warning"] = "; ".join(warnings) + ": these figures are indicative only."
         out = c.out_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.json").write_text(
