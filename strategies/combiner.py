@@ -133,23 +133,24 @@ class Combiner(Generic[Item, Answer]):
         """Run one batch: the leader's own item, then the oldest pending ones up to the cap;
         answer its members, pass the lead on (or retire the lane when nobody waits), and return
         the leader's own answer."""
-        with self._lock:
-            pending = lane.pending
-            others = [pending.popleft() for _ in range(min(self.cap() - 1, len(pending)))]
-            for member in others:
-                member.taken = True
-        size = 1 + len(others)
-        with _sizes_lock:
-            _sizes[size] += 1
-        metrics.BATCH_SIZE.observe(size)
-        try:
+        others: list[_Slot[Item, Answer]] = []
+        try:  # whatever fails from here on, the lead moves on and no member waits forever
+            with self._lock:
+                pending = lane.pending
+                others = [pending.popleft() for _ in range(min(self.cap() - 1, len(pending)))]
+                for member in others:
+                    member.taken = True
+            size = 1 + len(others)
+            with _sizes_lock:
+                _sizes[size] += 1
+            metrics.BATCH_SIZE.observe(size)
             answers: Sequence[Answer | BaseException] = self.run_batch(
                 key, [own, *(member.item for member in others)]
             )
             if len(answers) != size:
                 raise RuntimeError(f"{len(answers)} answers for a batch of {size}")
         except BaseException as exc:  # noqa: BLE001 - every member gets it, the lead moves on
-            answers = [exc] * size
+            answers = [exc] * (1 + len(others))
         finally:
             with self._lock:
                 if lane.pending:

@@ -22,6 +22,7 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.test.utils import override_settings
+from redis.exceptions import RedisError
 
 from redpack import ledger, services
 from redpack.audit import audit_books
@@ -70,7 +71,10 @@ def backlog_before() -> str | None:
     """Work older than the run that background tasks would do during it, sharing the machine
     with the runs and lowering their figures: grabs of a write-behind strategy still on their
     way to MySQL (failed writes retried among them); None when there is none."""
-    _, sections = registry.health()
+    try:
+        _, sections = registry.health()
+    except RedisError as exc:
+        return f"the persist backlog could not be read ({exc})"
     persist = sections.get("persist")
     waiting = int(persist.get("pending", 0)) if isinstance(persist, dict) else 0
     return f"{waiting} grabs waited to persist" if waiting else None

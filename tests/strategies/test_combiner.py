@@ -158,3 +158,20 @@ def test_a_caller_may_give_up_only_while_its_item_is_pending() -> None:
     leader.join(30)
     assert [items for _, items, _ in recorder.batches] == [[1]]  # item 2 never ran
     assert combiner.submit("a", 3, timeout=0.01) == 30  # a lone item runs at once
+
+
+def test_a_failure_before_the_batch_runs_answers_its_leader_and_frees_the_key() -> None:
+    """Reading the cap (or counting the batch) fails: the leader hears the error, and the
+    activity's next caller leads at once instead of queueing behind a leader that left."""
+    failures = [RuntimeError("the cap could not be read")]
+
+    def cap() -> int:
+        if failures:
+            raise failures.pop()
+        return 4
+
+    combiner: Combiner[int, int] = Combiner(Recorder(), cap=cap)
+    with pytest.raises(RuntimeError, match="cap could not be read"):
+        combiner.submit("a", 1)
+    assert combiner.submit("a", 2, timeout=5) == 20  # GaveUp if the key were still taken
+    assert combiner.pending("a") == 0
