@@ -125,7 +125,7 @@ class Combiner(Generic[Item, Answer]):
                     raise GaveUp(f"no batch took the item within {timeout} s")
             slot.gate.acquire()  # taken meanwhile: its answer (or the lead) is on the way
         if slot.answered:
-            return self._answer_of(slot)
+            return self._unwrapped(slot.answer)
         assert slot.lead  # the lead was passed to it, its slot off the lane
         return self._lead(key, lane, item)
 
@@ -163,13 +163,10 @@ class Combiner(Generic[Item, Answer]):
             member.answer = answer
             member.answered = True
             member.gate.release()
-        mine = answers[0]
-        if isinstance(mine, BaseException):
-            raise mine
-        return mine
+        return self._unwrapped(answers[0])
 
     @staticmethod
-    def _answer_of(slot: "_Slot[Item, Answer]") -> Answer:
-        if isinstance(slot.answer, BaseException):
-            raise slot.answer
-        return slot.answer  # type: ignore[return-value]
+    def _unwrapped(answer: "Answer | BaseException | None") -> Answer:
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[return-value]

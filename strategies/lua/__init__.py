@@ -2,10 +2,10 @@
 
 One place decides where packet state lives: the django-redis connection ("default" cache) or,
 when REDPACK_REDIS_CLUSTER_URL is set, a Redis Cluster. Each script is registered once per
-client and runs with EVALSHA; it is loaded again when a server answers NOSCRIPT (after a
-restart, a SCRIPT FLUSH, or on a cluster node that has not seen it yet).
+client and runs with EVALSHA; redis-py's Script loads it again when a server answers NOSCRIPT
+(after a restart, a SCRIPT FLUSH, or on a cluster node that has not seen it yet).
 
-The grab script runs on a connection of the calling thread's own (`Script.run_pinned`), not one
+The grab script runs on a connection of the calling thread's own (`run_pinned`), not one
 checked out of the pool per call: redis-py's checkout asks the kernel twice per command (is
 this the process that made the pool, is the socket clean) and, with its bookkeeping, cost a
 lone grab about 30 µs of client CPU, a quarter of it. A pinned connection is
@@ -45,42 +45,28 @@ def redis_client() -> Redis | RedisCluster:
     return get_redis_connection("default")
 
 
-class _Script(Script):
-    """redis-py's Script, called straight: EVALSHA, and on NOSCRIPT load it and run it again.
-
-    Script.__call__ also imports Pipeline and checks the client against it on every call; the
-    strategies never run a script in a pipeline."""
-
-    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        client = client or self.registered_client
-        keys, args = keys or (), args or ()
+def run_pinned(name: str, keys: list[str], args: list[Any]) -> Any:
+    """Run script `name` on this thread's own connection to Redis (RedisCluster: through the
+    client, as `script(name)(...)`). For scripts that settle a lost reply by running again (the
+    grab script, keys.run_grabs): a pinned connection Redis closed while it was idle fails its
+    next call as a lost reply does, and the re-run goes out on a new one."""
+    ran = script(name)
+    pinned = _pinned(ran.registered_client)
+    if pinned is None:
+        return ran(keys=keys, args=args)
+    try:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            self.sha = client.script_load(self.script)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-
-    def run_pinned(self, keys: list[str], args: list[Any]) -> Any:
-        """Run the script on this thread's own connection to Redis (RedisCluster: as
-        __call__). For scripts that settle a lost reply by running again (the grab script,
-        keys.run_grabs): a pinned connection Redis closed while it was idle fails its next
-        call as a lost reply does, and the re-run goes out on a new one."""
-        pinned = _pinned(self.registered_client)
-        if pinned is None:
-            return self(keys=keys, args=args)
-        try:
-            try:
-                pinned.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return pinned.read_response()
-            except NoScriptError:
-                self.sha = str(self.registered_client.script_load(self.script))
-                pinned.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return pinned.read_response()
-        except ResponseError:
-            raise  # Redis answered (an error reply): the connection is in step
-        except BaseException:
-            pinned.disconnect()  # a reply may still come: this socket is never read again
-            raise
+            pinned.send_command("EVALSHA", ran.sha, len(keys), *keys, *args)
+            return pinned.read_response()
+        except NoScriptError:  # as Script.__call__ does on the client
+            ran.sha = str(ran.registered_client.script_load(ran.script))
+            pinned.send_command("EVALSHA", ran.sha, len(keys), *keys, *args)
+            return pinned.read_response()
+    except ResponseError:
+        raise  # Redis answered (an error reply): the connection is in step
+    except BaseException:
+        pinned.disconnect()  # a reply may still come: this socket is never read again
+        raise
 
 
 class _Pinned(threading.local):
@@ -131,9 +117,11 @@ def _pinned(client: Any) -> AbstractConnection | None:
 
 
 @cache
-def script(name: str) -> _Script:
-    """The script strategies/lua/<name>.lua, on the current client (RedisCluster too)."""
-    return _Script(redis_client(), (SCRIPTS / f"{name}.lua").read_text())  # type: ignore[arg-type]
+def script(name: str) -> Script:
+    """The script strategies/lua/<name>.lua, registered on the current client."""
+    client = redis_client()
+    # RedisCluster has register_script too; redis-py's annotations only name Redis.
+    return client.register_script((SCRIPTS / f"{name}.lua").read_text())  # type: ignore[misc]
 
 
 @receiver(setting_changed)

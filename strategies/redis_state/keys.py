@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 from redpack.errors import OutcomeUnknown
 from redpack.hotsettings import hot
 
-from ..lua import script
+from ..lua import run_pinned
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def run_grabs(
         args += [user_id, attempt]
     for run in range(hot.REDPACK_REDIS_GRAB_RERUNS + 1):
         try:
-            reply = script("grab").run_pinned(keys, args)
+            reply = run_pinned("grab", keys, args)
         except (ConnectionError, TimeoutError) as exc:
             logger.warning("grab: reply %d lost (%s); the outcome is unknown", run + 1, exc)
             lost = exc

@@ -3,26 +3,18 @@ real Redis: a connection Redis closed, a script Redis forgot and a fork never co
 give one twice."""
 
 import os
-from decimal import Decimal
 
 import pytest
 
 from redpack import services
-from redpack.audit import audit_activity
-from redpack.models import Activity, GrabDetail
 from strategies import lua
 from strategies.base import Outcome
 from strategies.lua import redis_client
+from tests.strategies.test_lost_replies import assert_consistent, send, settled_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STRATEGIES = ["redis_counter", "redis_queue_async"]
-
-
-def send(sender, strategy: str) -> Activity:  # type: ignore[no-untyped-def]
-    return services.activity_send(
-        sender_id=sender.pk, total_amount=Decimal("3.00"), total_count=3, strategy=strategy
-    )
 
 
 def pinned_client_id() -> int:
@@ -33,20 +25,9 @@ def pinned_client_id() -> int:
     return int(pinned.read_response())
 
 
-def assert_rows(activity: Activity, users: list[int]) -> None:
-    assert registry_settle(activity)
-    assert sorted(GrabDetail.objects.filter(activity=activity).values_list("user", flat=True)) == (
-        sorted(users)
-    )
-    activity.refresh_from_db()
-    report = audit_activity(activity)
-    assert report.ok, report.violations
-
-
-def registry_settle(activity: Activity) -> bool:
-    from strategies import registry
-
-    return registry.get(activity.strategy).settle(activity_id=activity.pk, timeout=10)
+def assert_rows(activity, users: list[int]) -> None:  # type: ignore[no-untyped-def]
+    assert sorted(settled_rows(activity)) == sorted(users)
+    assert_consistent(activity)
 
 
 @pytest.mark.parametrize("idle", ["busy", "idle"])
