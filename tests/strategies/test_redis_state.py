@@ -329,3 +329,37 @@ def test_redis_rebuild_refuses_activities_without_redis_state(sender):
     activity = send(sender, "pessimistic", "1.00", 1)
     with pytest.raises(CommandError, match="keeps no Redis state"):
         call_command("redis_rebuild", "--activity", activity.pk)
+
+
+def test_attempt_tokens_are_unique_across_threads_and_a_forked_child() -> None:
+    """A grab's attempt token tells its own re-run from another grab of the same user: two
+    calls must never share one, in one process or in a child forked from it."""
+    import os
+
+    from strategies.redis_state.keys import new_attempt
+
+    made: list[list[str]] = [[] for _ in range(8)]
+
+    def draw(index: int) -> None:
+        made[index].extend(new_attempt() for _ in range(5000))
+
+    threads = [threading.Thread(target=draw, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tokens = [token for share in made for token in share]
+    assert len(set(tokens)) == len(tokens) == 40_000
+    assert all("|" not in token and ":" not in token for token in tokens)  # the mark's separators
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.write(write, new_attempt().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    in_child = os.read(read, 100).decode()
+    os.close(read)
+    mine = new_attempt()
+    assert in_child and in_child not in tokens and in_child.split(".")[0] != mine.split(".")[0]
