@@ -15,6 +15,18 @@ app.autodiscover_tasks()
 logger = logging.getLogger("redpack.tasks")
 
 
+@signals.worker_init.connect
+def yield_cpu_to_requests(**kwargs: Any) -> None:
+    """The worker's background runs (persisting, crediting, expiry) take the CPU after the web
+    processes on a shared host: a burst is answered from Redis first and written to MySQL as
+    the CPU frees up (REDPACK_WORKER_NICE; docs/operations.md). Its pool's processes, forked
+    after this, inherit it."""
+    from django.conf import settings
+
+    if settings.REDPACK_WORKER_NICE:
+        os.nice(settings.REDPACK_WORKER_NICE)
+
+
 @signals.task_failure.connect
 def log_task_failure(sender: Any = None, task_id: str | None = None, **kwargs: Any) -> None:
     """One structured line per task that failed for good (after its retries)."""

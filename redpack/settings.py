@@ -216,6 +216,11 @@ REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
 REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
 REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
 REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
+# How much the Celery worker yields the CPU to the web processes on a shared host: its
+# niceness, added at start (0: none). docs/operations.md gives the measurement behind it.
+REDPACK_WORKER_NICE = env.int("REDPACK_WORKER_NICE", default=10)
+if not 0 <= REDPACK_WORKER_NICE <= 19:
+    raise ImproperlyConfigured(f"REDPACK_WORKER_NICE must be 0 to 19, not {REDPACK_WORKER_NICE}")
 # Crediting grabs (redpack/ledger.py: grabs_credit): how often beat starts a run (seconds), grab
 # rows per MySQL transaction, and how long one run may go on (seconds).
 REDPACK_CREDIT_INTERVAL = env.float("REDPACK_CREDIT_INTERVAL", default=1.0)

@@ -57,3 +57,29 @@ def test_sentry_reports_errors_only_when_a_dsn_is_set():
     assert runs[False].stdout.strip() == "False"
     assert runs[True].stdout.strip() == "True", runs[True].stderr
     assert len(received) == 1 and b"boom from redpack" in received[0]
+
+
+NICE_REPORT = (
+    "import os, django; django.setup(); from celery import signals; import redpack.celery; "
+    "before = os.nice(0); signals.worker_init.send(sender=None); print(os.nice(0) - before)"
+)
+
+
+def test_the_worker_yields_the_cpu_by_its_setting():
+    """The Celery worker lowers its own priority at start (its pool forks after), by
+    REDPACK_WORKER_NICE; 0 leaves it; a value outside 0..19 is refused at settings load."""
+
+    def added(value: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", NICE_REPORT],
+            cwd=ROOT,
+            env=service_env(REDPACK_WORKER_NICE=value),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert added("7").stdout.strip() == "7", added("7").stderr
+    assert added("0").stdout.strip() == "0"
+    refused = added("-5")
+    assert refused.returncode != 0 and "REDPACK_WORKER_NICE must be 0 to 19" in refused.stderr
