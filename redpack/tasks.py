@@ -9,6 +9,7 @@ from django.db import DatabaseError
 from strategies import registry
 
 from . import bans, expiry, health, ledger, services
+from .models import Activity
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ def refund_activity(activity_id: int) -> None:
     except expiry.NotSettled as exc:
         delay = expiry.postpone(activity_id)
         logger.warning("%s; refund postponed by %.0f s", exc, delay)
+    except Activity.DoesNotExist:
+        # Deleted after the task was queued (the lab removes its scratch activities): nothing
+        # is left to refund, and its schedule entry goes too.
+        expiry.forget(activity_id)
+        logger.warning("activity %s does not exist: nothing to refund", activity_id)
 
 
 @shared_task(ignore_result=True)

@@ -1,5 +1,6 @@
 """Expiry and exactly-once refund, for every safe strategy, on real MariaDB, Redis and Celery."""
 
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -218,3 +219,16 @@ def test_a_refund_that_cannot_settle_is_postponed_not_piled_up(sender, settings)
     score = redis.zscore(expiry.EXPIRY_KEY, str(activity.pk))
     assert (before + delay) * 1000 <= score <= (after + delay) * 1000 + 1
     assert not Refund.objects.filter(activity=activity).exists()
+
+
+def test_a_refund_task_of_a_deleted_activity_ends_quietly(sender, caplog):
+    """A refund queued for an activity deleted since (the lab removes its scratch ones) has
+    nothing to refund: the task ends without an error and the schedule forgets the id."""
+    gone = send(sender, "pessimistic").pk + 1000  # never sent, as if deleted
+    redis = redis_client()
+    redis.zadd(expiry.EXPIRY_KEY, {str(gone): 0})
+    with caplog.at_level(logging.WARNING, logger="redpack.tasks"):
+        tasks.refund_activity(gone)
+    assert redis.zscore(expiry.EXPIRY_KEY, str(gone)) is None
+    assert any("nothing to refund" in r.getMessage() for r in caplog.records)
+    assert not Refund.objects.filter(activity_id=gone).exists()
