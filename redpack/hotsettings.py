@@ -3,11 +3,10 @@
 Each read of `django.conf.settings.X` runs Python code (LazyObject.__getattribute__, which also
 asks the value for `_mask_wrapped` and so raises and catches an AttributeError inside); the
 grab path read half a dozen settings per grab (each 2.5–3k instructions, about 3% of a lone
-grab's in all). `hot.X`
-reads settings.X once and keeps it until Django signals that X changed (override_settings,
-pytest-django's `settings` fixture). A setting assigned on `django.conf.settings` by other
-means after it was first read here is not seen: set settings before the first request, as
-Django expects anyway.
+grab's in all). `hot.X` reads settings.X once and keeps it until Django signals that X changed
+(override_settings, pytest-django's `settings` fixture). A setting assigned on
+`django.conf.settings` by other means after it was first read here is not seen: set settings
+before the first request, as Django expects anyway.
 """
 
 from typing import Any
