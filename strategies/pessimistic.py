@@ -4,8 +4,9 @@ What it locks: the activity row, for the whole grab transaction; every grab of o
 runs in series inside MySQL. What it checks twice: nothing needs checking twice, because the
 checks (open, not expired, user not in, surplus left) happen after the row lock is held.
 Round trips: 4 statements in one transaction (the row lock and the user's grab read together),
-no Redis. Failure mode: throughput is bounded by
-one hot row's lock hand-off; waiters queue on the row up to innodb_lock_wait_timeout.
+no Redis. Failure mode: throughput is bounded by one hot row's lock hand-off. A process sends
+one transaction of an activity at a time (its turn, turns.py), its other grabs wait in Python;
+a wait longer than InnoDB's default lock wait timeout is answered `contended`.
 """
 
 from django.db import IntegrityError
@@ -35,7 +36,7 @@ class PessimisticStrategy(GrabStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:
-            with grab_transaction():
+            with grab_transaction(turn=activity_id):
                 activity, held = read_for_grab(activity_id=activity_id, user_id=user_id)
                 answer = refusal(activity, user_id=None, held=held)
                 if answer is not None:

@@ -42,7 +42,7 @@ from redpack.models import Activity, ActivityStatus, GrabDetail, Packet, PacketS
 from redpack.money import from_cents, minus, sql_decimal, to_cents
 from redpack.shards import connection
 
-from . import holds
+from . import holds, turns
 from .base import CloseResult, GrabResult, Outcome
 
 # A raw MySQL statement and its parameters, as the hot path runs it (`*_sql` below); the lab's
@@ -51,17 +51,24 @@ Statement = tuple[str, list[Any]]
 
 
 @contextmanager
-def grab_transaction() -> Iterator[None]:
+def grab_transaction(turn: int | None = None) -> Iterator[None]:
     """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
     autocommit off and on again around every transaction; anywhere else, or inside an outer
     transaction, shards.atomic().
+
+    `turn`: an activity id; the transaction waits for that activity's turn in this process
+    first (turns.py), for a one-grab transaction that takes the activity's row lock.
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
     module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
     (see `written_row`). ROLLBACK on any other error; a connection that cannot even roll back
     is closed, which ends the transaction too.
     """
+    if turn is not None:
+        with turns.turn(turn), grab_transaction():
+            yield
+        return
     if connection.vendor != "mysql" or connection.in_atomic_block:
         with shards.atomic():
             yield

@@ -119,7 +119,7 @@ def write_grab(
     this_grab = GrabRow(user_id, cents, packet_id)
     won = GrabResult(Outcome.ALREADY_GRABBED if adopted else Outcome.GRABBED, cents)
     try:
-        with grab_transaction():
+        with grab_transaction(turn=activity_id):
             record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
             if packet_id is not None and not claim_packets(
                 activity_id=activity_id, rows=[this_grab]
