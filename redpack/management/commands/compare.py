@@ -35,6 +35,13 @@ class Command(BaseCommand):
             help="Grabs fired by the throughput runs, one per bench user.",
         )
         parser.add_argument(
+            "--http-users",
+            type=int,
+            default=DEFAULTS.http_users,
+            help="Distinct users of the HTTP throughput runs: more than a run sends, so that "
+            "each request is a user's first grab.",
+        )
+        parser.add_argument(
             "--hot-seconds",
             type=int,
             default=DEFAULTS.hot_seconds,
