@@ -104,7 +104,9 @@ def test_a_wait_that_gives_up_raises_the_lock_wait_timeout(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("strategy", ["pessimistic", "preallocated", "preallocated_skip_locked"])
+@pytest.mark.parametrize(
+    "strategy", ["pessimistic", "preallocated", "preallocated_skip_locked", "redis_queue_single"]
+)
 def test_a_grab_that_gets_no_turn_is_contended_and_writes_nothing(
     strategy, make_users, sender, monkeypatch
 ):
