@@ -58,14 +58,16 @@ def grab_transaction(turn: int | None = None) -> Iterator[None]:
     transaction, shards.atomic().
 
     `turn`: an activity id; the transaction waits for that activity's turn in this process
-    first (turns.py), for a one-grab transaction that takes the activity's row lock.
+    first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside
+    an outer transaction: that one may hold the row already, and a turn it let go of would let
+    another grab in to wait on that row while its own waits on the turn.
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
     module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
     (see `written_row`). ROLLBACK on any other error; a connection that cannot even roll back
     is closed, which ends the transaction too.
     """
-    if turn is not None:
+    if turn is not None and not connection.in_atomic_block:
         with turns.turn(turn), grab_transaction():
             yield
         return

@@ -11,8 +11,9 @@ process (web worker, bench process) keeps a transaction of its own waiting on th
 
 Keys are independent: a grab never waits on another activity's turn. A turn is reentrant (a
 thread that holds it may open another transaction of the same activity inside). A wait longer
-than WAIT_SECONDS raises the error a lock wait that gave up raises in MySQL (1205), before any
-statement was sent, so callers handle it as they handle InnoDB's own.
+than WAIT_SECONDS raises NoTurn, an OperationalError with MySQL's lock wait timeout code
+(1205), before any statement was sent: callers that know nothing was sent answer at once, the
+others handle it as they handle InnoDB's own timeout.
 """
 
 import threading
@@ -23,6 +24,11 @@ from django.db import OperationalError
 
 WAIT_SECONDS = 50.0  # InnoDB's default innodb_lock_wait_timeout: the wait this one stands for
 LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
+
+
+class NoTurn(OperationalError):
+    """The turn was not had within WAIT_SECONDS: nothing was sent to MySQL."""
+
 
 _guard = threading.Lock()
 _turns: dict[Hashable, "_Turn"] = {}
@@ -50,10 +56,17 @@ class turn:  # noqa: N801 - used as a function, like transaction.atomic
             if entry is None:
                 entry = _turns[self.key] = _Turn()
             entry.users += 1
-        if not entry.lock.acquire(timeout=WAIT_SECONDS):
+        acquired = False
+        try:
+            acquired = entry.lock.acquire(timeout=WAIT_SECONDS)
+            if not acquired:
+                raise NoTurn(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
+            self.entry = entry
+        except BaseException:  # the timeout, or an interrupt while waiting: leave no trace
+            if acquired:
+                entry.lock.release()
             self._leave(entry)
-            raise OperationalError(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
-        self.entry = entry
+            raise
 
     def __exit__(
         self,

@@ -520,7 +520,8 @@ class Compare:
         row.update(summary, run=f"HTTP {scenario} (wrk)", activity_id=activity_id)
         if not hot and row.get("requests", 0) > users:
             # wrk takes the users round and round: past the last one, a request is a user's
-            # second grab (already_grabbed), cheaper than a grab; the run says so.
+            # second grab (already_grabbed), cheaper than a grab; the run says so. At least
+            # this many: each wrk thread goes round its own share of the users.
             row["repeated_users"] = row["requests"] - users
             self.log(f"  warning: {row['repeated_users']} requests past the {users} users")
         granted = row.pop("granted", None)

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from redpack.errors import OutcomeUnknown
 from redpack.shards import connection
 
+from .. import turns
 from ..base import GrabResult, Outcome
 from ..lua import script
 from ..steps import (
@@ -125,6 +126,11 @@ def write_grab(
                 activity_id=activity_id, rows=[this_grab]
             ):
                 raise PacketTaken(packet_id)
+    except turns.NoTurn as exc:
+        # Nothing was sent to MySQL: give the grab back to Redis, and "try again".
+        release(activity_id, user_id, mark_text, epoch, attempt, restore=True)
+        logger.warning("activity %s: grab not written (%s)", activity_id, exc)
+        return GrabResult(Outcome.CONTENDED)
     except PacketTaken:
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
         logger.warning(

@@ -10,19 +10,23 @@ from decimal import Decimal
 import pytest
 from django.db import OperationalError
 
-from redpack import services
+from redpack import services, shards
 from redpack.models import GrabDetail
 from strategies import turns
 from strategies.base import Outcome
+from strategies.steps import grab_transaction
 
 WAIT = 10.0  # a bound on joins only; every wait below ends on an event, not a timer
 
 
 def wait_for_waiters(count: int) -> None:
     """Until `count` threads hold or wait for a turn (they register before they block)."""
-    done = threading.Event()
-    while turns.waiting() < count:
-        done.wait(0.001)
+    never = threading.Event()
+    for _ in range(int(WAIT / 0.001)):
+        if turns.waiting() >= count:
+            return
+        never.wait(0.001)
+    pytest.fail(f"{turns.waiting()} threads hold or wait for a turn, not {count}")
 
 
 @contextmanager
@@ -179,3 +183,13 @@ def test_concurrent_grabs_of_one_activity_hold_its_turn_one_at_a_time(
     assert sorted(a.value for a in answers) == ["grabbed"] * 5 + ["sold_out"] * 3
     assert inside["most"] == 1
     assert GrabDetail.objects.filter(activity_id=activity.pk).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_turn_inside_an_outer_transaction():
+    """The outer transaction may already hold the row: a turn there could only add a wait."""
+    with shards.atomic(), grab_transaction(turn=11):
+        assert turns.waiting() == 0
+    with grab_transaction(turn=11):
+        assert turns.waiting() == 1
+    assert turns.waiting() == 0
