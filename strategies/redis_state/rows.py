@@ -126,11 +126,6 @@ def write_grab(
                 activity_id=activity_id, rows=[this_grab]
             ):
                 raise PacketTaken(packet_id)
-    except turns.NoTurn as exc:
-        # Nothing was sent to MySQL: give the grab back to Redis, and "try again".
-        release(activity_id, user_id, mark_text, epoch, attempt, restore=True)
-        logger.warning("activity %s: grab not written (%s)", activity_id, exc)
-        return GrabResult(Outcome.CONTENDED)
     except PacketTaken:
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
         logger.warning(
@@ -166,8 +161,10 @@ def after_failed_write(
 ) -> GrabResult:
     """The transaction raised: rolled back, or, if the connection dropped during COMMIT, maybe
     committed. Outcome unknown until MySQL says which (written_row; OutcomeUnknown when it
-    cannot be asked: Redis keeps the mark and the user's retry converges on it)."""
-    held = written_row(activity_id=activity_id, user_id=grab.user_id)
+    cannot be asked: Redis keeps the mark and the user's retry converges on it). A transaction
+    that never got its turn (turns.NoTurn) sent nothing: MySQL is not asked."""
+    nothing_sent = isinstance(exc, turns.NoTurn)
+    held = None if nothing_sent else written_row(activity_id=activity_id, user_id=grab.user_id)
     if held == grab:
         logger.warning(
             "activity %s: user %s's grab committed although its reply was lost (%s)",

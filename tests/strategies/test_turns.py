@@ -11,7 +11,7 @@ import pytest
 from django.db import OperationalError
 
 from redpack import services, shards
-from redpack.models import GrabDetail
+from redpack.models import Activity, GrabDetail
 from strategies import turns
 from strategies.base import Outcome
 from strategies.steps import grab_transaction
@@ -27,6 +27,16 @@ def wait_for_waiters(count: int) -> None:
             return
         never.wait(0.001)
     pytest.fail(f"{turns.waiting()} threads hold or wait for a turn, not {count}")
+
+
+def send(sender, strategy: str, count: int) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal(count),
+        total_count=count,
+        strategy=strategy,
+        expires_in=3600,
+    )
 
 
 @contextmanager
@@ -115,13 +125,7 @@ def test_a_grab_that_gets_no_turn_is_contended_and_writes_nothing(
     strategy, make_users, sender, monkeypatch
 ):
     [user] = make_users(1)
-    activity = services.activity_send(
-        sender_id=sender.pk,
-        total_amount=Decimal("3.00"),
-        total_count=3,
-        strategy=strategy,
-        expires_in=3600,
-    )
+    activity = send(sender, strategy, 3)
     monkeypatch.setattr(turns, "WAIT_SECONDS", 0.0)
     with held_elsewhere(activity.pk):
         answer = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
@@ -137,13 +141,7 @@ def test_concurrent_grabs_of_one_activity_hold_its_turn_one_at_a_time(
 ):
     """Eight threads grab at once: each transaction runs inside the turn, and no two at once."""
     users = make_users(8)
-    activity = services.activity_send(
-        sender_id=sender.pk,
-        total_amount=Decimal("5.00"),
-        total_count=5,
-        strategy="pessimistic",
-        expires_in=3600,
-    )
+    activity = send(sender, "pessimistic", 5)
     lock = threading.Lock()
     inside = {"now": 0, "most": 0}
     original = turns.turn.__enter__
