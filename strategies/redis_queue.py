@@ -50,6 +50,7 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         "the winners' writes serialize on the activity row."
     )
     batched = False
+    raw_batch = None  # one grab per transaction: its raw ceiling is raw_grab's
 
     def raw_grab(self, cursor: Any, *, activity_id: int, user_id: int) -> None:
         """grab()'s work on a plain cursor: one grab script run for one user (redis-py,

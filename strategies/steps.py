@@ -321,6 +321,39 @@ def record_grab_raw(
     cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=[row]))
 
 
+def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
+    """A batch's writes, as the Redis strategies' group commit makes them (redis_state/rows.py
+    `write_grabs`): the surplus once, the grab rows in one INSERT and, for pre-split packets,
+    one claim of them all. False when a packet was not available (the caller's transaction must
+    then roll back). Call it inside a transaction, the activity row not yet held by it."""
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            return record_grabs_raw(cursor, activity_id=activity_id, rows=rows)
+    take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
+    insert_grab_rows(activity_id=activity_id, rows=rows)
+    claims = [row for row in rows if row.packet_id is not None]
+    return not claims or claim_packets(activity_id=activity_id, rows=claims)
+
+
+def record_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
+    """`record_grabs`'s statements on a plain DB-API cursor (MySQL; a strategy's raw_batch)."""
+    cursor.execute(
+        *take_from_surplus_sql(
+            activity_id=activity_id,
+            count=len(rows),
+            cents=sum(row.cents for row in rows),
+            version=None,
+            open_only=False,
+        )
+    )
+    cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows))
+    claims = [row for row in rows if row.packet_id is not None]
+    if not claims:
+        return True
+    cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
+    return bool(cursor.rowcount == len(claims))
+
+
 def take_from_surplus(
     *,
     activity_id: int,

@@ -7,7 +7,8 @@
   strategy that writes the activity row per grab.
 - MySQL, raw: a grab's own statements from plain mysqlclient threads on the project's tables,
   one grab per transaction (the seeds' row-lock shape) or 32 (group commit's); and each seed's
-  own statements (GrabStrategy.raw_grab, built by the same `*_sql` functions its grab runs).
+  own statements (GrabStrategy.raw_grab, built by the same `*_sql` functions its grab runs),
+  and each batched strategy's own batch transaction, 32 grabs each (GrabStrategy.raw_batch).
 - Web: GET /api/ping/ through gunicorn (run by compare with Locust, see locustfiles/ping.py).
 """
 
@@ -32,7 +33,9 @@ from django_redis import get_redis_connection
 
 from redpack import services
 from redpack.models import Activity, GrabDetail, Packet
+from redpack.money import to_cents
 from strategies import registry
+from strategies.steps import GrabRow
 
 from . import processes
 from .users import bench_sender, bench_users_ensure
@@ -444,6 +447,51 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
     )
 
 
+def batch_strategies(names: list[str]) -> list[str]:
+    """The strategies among `names` with a batched raw same-SQL ceiling (GrabStrategy.raw_batch)."""
+    return [name for name in names if registry.get(name).raw_batch is not None]
+
+
+def mysql_raw_batch(name: str, *, per_transaction: int, grabs: int, concurrency: int) -> Ceiling:
+    """`name`'s own batch transaction (its raw_batch: the statements of its group commit, built
+    by the same `*_sql` functions) from plain mysqlclient threads, `per_transaction` grabs per
+    transaction, on one activity of `grabs` packets the strategy prepared: what the batch's SQL
+    costs without Django and the rest of this project's Python. Each connection writes its own
+    users' grabs, with its own share of the pre-split packets when the strategy cut them (read
+    before the clock starts; Redis decided them in the strategy, here nobody needs to). The
+    activity is removed afterwards."""
+    db = settings.DATABASES["default"]
+    title = f"MySQL: raw {name} batch transaction, {per_transaction} grabs each"
+    raw_batch = registry.get(name).raw_batch
+    if db["ENGINE"] != "django.db.backends.mysql" or raw_batch is None:
+        return _not_measured(title, "mysql_raw_batch_own", name, has_own=raw_batch is not None)
+    transactions = max(1, grabs // (per_transaction * concurrency))
+    total = transactions * per_transaction * concurrency
+    user_ids, _ = bench_users_ensure(count=total)
+    activity = _ceiling_activity(name, total)
+    packets = list(
+        Packet.objects.filter(activity_id=activity.pk).order_by("pk").values_list("pk", "amount")
+    )
+    rows = [
+        GrabRow(user, to_cents(packets[i][1]), packets[i][0]) if packets else GrabRow(user, 100)
+        for i, user in enumerate(user_ids[:total])
+    ]
+    connections = [_connect(db, db["NAME"], autocommit=True) for _ in range(concurrency)]
+
+    def batch_loop(index: int, conn: MySQLdb.Connection, start: threading.Barrier) -> None:
+        own = conn.cursor()
+        start.wait()
+        for t in range(transactions):
+            first = (index * transactions + t) * per_transaction
+            raw_batch(own, activity_id=activity.pk, rows=rows[first : first + per_transaction])
+
+    try:
+        seconds = _timed_threads(batch_loop, connections)
+    finally:
+        _remove_activity(activity.pk)
+    return _own_sql(title, "mysql_raw_batch_own", name, concurrency, total, seconds)
+
+
 DEADLOCK = 1213  # ER_LOCK_DEADLOCK
 
 
@@ -462,8 +510,7 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
     title = f"MySQL: raw {name} statements, 1 grab each"
     raw_grab = registry.get(name).raw_grab
     if db["ENGINE"] != "django.db.backends.mysql" or raw_grab is None:
-        note = "not a MySQL database" if raw_grab else "no raw_grab"
-        return Ceiling(title, "mysql_raw_seed", "-", None, note=note, strategy=name)
+        return _not_measured(title, "mysql_raw_seed", name, has_own=raw_grab is not None)
     each = max(1, grabs // concurrency)
     total = each * concurrency
     user_ids, _ = bench_users_ensure(count=total)
@@ -489,12 +536,28 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
         seconds = _timed_threads(grab_loop, connections)
     finally:
         _remove_activity(activity.pk)
+    ceiling = _own_sql(title, "mysql_raw_seed", name, concurrency, total, seconds)
+    if deadlocks:
+        ceiling.note += f"; {len(deadlocks)} deadlocks, run again"
+    return ceiling
+
+
+def _not_measured(title: str, kind: str, name: str, *, has_own: bool) -> Ceiling:
+    """A strategy's own-SQL ceiling that cannot be measured: off MySQL, or the strategy has no
+    raw statements of that kind (`has_own` False)."""
+    note = "not a MySQL database" if has_own else "no raw statements of its own"
+    return Ceiling(title, kind, "-", None, note=note, strategy=name)
+
+
+def _own_sql(
+    title: str, kind: str, name: str, concurrency: int, total: int, seconds: float
+) -> Ceiling:
+    """A strategy's own statements, `total` grabs in `seconds` from plain mysqlclient threads."""
     return Ceiling(
         title,
-        "mysql_raw_seed",
+        kind,
         f"mysqlclient threads -c {concurrency}",
         round(total / seconds, 1),
-        note=f"{total} grabs on the project's tables (Python's own cost per statement included)"
-        + (f"; {len(deadlocks)} deadlocks, run again" if deadlocks else ""),
+        note=f"{total} grabs on the project's tables (Python's own cost per statement included)",
         strategy=name,
     )

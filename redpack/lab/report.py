@@ -52,6 +52,7 @@ COST_COLUMNS: list[tuple[str, str, str]] = [
     ("run", "run", "s"),
     ("requests_per_s", "requests/s", ",.0f"),
     ("mean_batch", "mean batch", ".1f"),
+    ("own_sql_ratio", "of own SQL raw", "%"),
     ("client_cpu_us_per_request", "client CPU µs", ",.0f"),
     ("redis_cpu_us_per_request", "Redis CPU µs", ",.1f"),
     ("redis_evalsha_us_per_request", "in EVALSHA µs", ",.1f"),
@@ -336,7 +337,11 @@ How to read it:
   the row-lock hold per request (strategies/holds.py: from the return of the statement that
   locked the activity row to the return of the COMMIT, summed over the grab transactions, by
   the client's clock: an upper bound, since a thread under load wakes late after each
-  statement, which the server does not wait for); the combiner's mean batch;
+  statement, which the server does not wait for); the combiner's mean batch; **of own SQL
+  raw**, the bench's rate ÷ the strategy's own statements run raw from plain mysqlclient
+  threads in the same run (the seeds' one grab per transaction, `redis_queue`'s and
+  `redis_counter`'s batch transaction with 32 grabs each: GrabStrategy.raw_batch), what this
+  project's Python leaves of what MySQL does with the same SQL;
   and the grabs/s one Redis shard or one activity row could take if the client side were
   free (10⁶ / its µs per request), the row's both by MySQL's CPU and by its lock hold (a
   lower bound, from the upper bound of the hold).

@@ -64,6 +64,7 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
         "One EVALSHA pops a packet and queues the grab in a Redis stream; the answer needs no "
         "MySQL, which Celery fills in batches, so MySQL trails by the persist lag."
     )
+    raw_batch = None  # nothing is written to MySQL inside the request
 
     def state_keys(self, activity_id: int) -> list[str]:
         keys = Keys(activity_id)

@@ -24,7 +24,7 @@ keeps the seeds' one grab per round trip, for comparison.
 
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from functools import cached_property
 from typing import ClassVar
@@ -48,7 +48,7 @@ from .audit import Snapshot, capped, differences
 from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs, split_held
 from .presence import state_lost
 from .rebuild import Recorded, install
-from .rows import Won, write_grab, write_grabs
+from .rows import Won, write_grab, write_grabs, write_grabs_raw
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class RedisStateStrategy(GrabStrategy):
     # A mark in Redis is a final grab (redis_queue_async: it is in the persist stream), so
     # `already_grabbed` is answered from it; else only once MySQL holds the row.
     marks_are_final: ClassVar[bool] = False
+    raw_batch: Callable[..., None] | None = staticmethod(write_grabs_raw)
 
     @cached_property
     def combiner(self) -> Combiner[Member, Decision]:

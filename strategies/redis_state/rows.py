@@ -8,6 +8,7 @@ never undone."""
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, InterfaceError, OperationalError
 from redis.exceptions import RedisError
@@ -24,9 +25,9 @@ from ..steps import (
     claim_packets,
     grab_transaction,
     held_marks,
-    insert_grab_rows,
     record_grab,
-    take_from_surplus,
+    record_grabs,
+    record_grabs_raw,
     written_row,
 )
 from .keys import Keys, parse_mark
@@ -63,13 +64,8 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
         rows = [GrabRow(grab.user_id, *parse_mark(grab.mark)) for grab in grabs]
         try:
             with grab_transaction():
-                take_from_surplus(
-                    activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
-                )
-                insert_grab_rows(activity_id=activity_id, rows=rows)
-                claims = [row for row in rows if row.packet_id is not None]
-                if claims and not claim_packets(activity_id=activity_id, rows=claims):
-                    raise PacketTaken([row.packet_id for row in claims])
+                if not record_grabs(activity_id=activity_id, rows=rows):
+                    raise PacketTaken([row.packet_id for row in rows])
         except Exception as exc:  # noqa: BLE001 - settled grab by grab below
             logger.info(
                 "activity %s: a batch of %d grabs was not written at once (%r); "
@@ -99,6 +95,19 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
         except Exception as exc:  # noqa: BLE001 - this grab's answer (e.g. 403), not the others'
             answers.append(exc)
     return answers
+
+
+def write_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> None:
+    """`write_grabs`' transaction for a batch, on a plain cursor (autocommit) without Django:
+    the lab's batched raw same-SQL ceiling (GrabStrategy.raw_batch)."""
+    cursor.execute("START TRANSACTION")
+    try:
+        if not record_grabs_raw(cursor, activity_id=activity_id, rows=rows):
+            raise PacketTaken([row.packet_id for row in rows])
+    except BaseException:
+        cursor.execute("ROLLBACK")
+        raise
+    cursor.execute("COMMIT")
 
 
 def write_grab(

@@ -1,18 +1,28 @@
 """Ceilings belong to the lab: the Redis strategies' own scripts are named here, and each one
 takes the KEYS its strategy gives it."""
 
-import pytest
+from dataclasses import replace
+from decimal import Decimal
 
+import pytest
+from django.db import connection
+
+from redpack import services
 from redpack.lab.ceilings import (
     STRATEGIES_LUA,
     STRATEGY_SCRIPTS,
     _wrk_ms,
+    batch_strategies,
+    mysql_raw_batch,
     mysql_raw_seed,
     raw_strategies,
 )
-from redpack.models import Activity, GrabDetail, Packet
+from redpack.models import Activity, GrabDetail, Packet, PacketStatus
+from redpack.money import to_cents
 from strategies import registry
 from strategies.redis_state import RedisStateStrategy
+from strategies.redis_state.rows import PacketTaken
+from strategies.steps import GrabRow
 
 
 def test_every_redis_strategy_has_its_script_and_only_they_do():
@@ -51,6 +61,66 @@ def test_a_seeds_raw_statements_grab_every_packet_once_and_leave_nothing(name):
     # ceiling's activity, packets and rows are removed afterwards.
     assert not Activity.objects.exists()
     assert not Packet.objects.exists() and not GrabDetail.objects.exists()
+
+
+def test_the_batched_strategies_that_write_inside_the_request_have_a_raw_batch_ceiling():
+    assert set(batch_strategies(registry.names())) == {"redis_queue", "redis_counter"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", ["redis_queue", "redis_counter"])
+def test_a_raw_batch_ceiling_writes_every_grab_and_leaves_nothing(name):
+    ceiling = mysql_raw_batch(name, per_transaction=8, grabs=64, concurrency=4)
+
+    assert ceiling.requests_per_s and ceiling.requests_per_s > 0, ceiling.note
+    assert ceiling.strategy == name and ceiling.kind == "mysql_raw_batch_own"
+    assert "64 grabs" in ceiling.note  # 4 connections × 2 transactions × 8, none raised
+    assert not Activity.objects.exists()
+    assert not Packet.objects.exists() and not GrabDetail.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_raw_batch_writes_what_group_commit_writes_or_nothing(sender, make_users):
+    activity = services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("4.00"),
+        total_count=4,
+        strategy="redis_queue",
+        allocation_kind="equal",  # 1.00 each: the failing batch fits the surplus, its claim not
+        expires_in=3600,
+    )
+    first, second, third, fourth = make_users(4)
+    packets = list(Packet.objects.filter(activity=activity).order_by("pk"))
+    row = [GrabRow(0, to_cents(p.amount), p.pk) for p in packets]
+    raw_batch = registry.get("redis_queue").raw_batch
+    assert raw_batch is not None
+
+    with connection.cursor() as cursor:
+        raw_batch(
+            cursor,
+            activity_id=activity.pk,
+            rows=[replace(row[0], user_id=first.pk), replace(row[1], user_id=second.pk)],
+        )
+        with pytest.raises(PacketTaken):  # the first packet is taken: the batch rolls back
+            raw_batch(
+                cursor,
+                activity_id=activity.pk,
+                rows=[replace(row[2], user_id=third.pk), replace(row[0], user_id=fourth.pk)],
+            )
+
+    written = GrabDetail.objects.filter(activity=activity)
+    assert set(written.values_list("user_id", "redpack_id")) == {
+        (first.pk, packets[0].pk),
+        (second.pk, packets[1].pk),
+    }
+    taken = Packet.objects.filter(activity=activity, status=PacketStatus.TAKEN)
+    assert set(taken.values_list("pk", "grabbed_by_id")) == {
+        (packets[0].pk, first.pk),
+        (packets[1].pk, second.pk),
+    }
+    activity.refresh_from_db()
+    assert activity.surplus_count == 2
+    assert activity.surplus_amount == packets[2].amount + packets[3].amount
 
 
 WRK_OUTPUT = """Running 10s test @ http://127.0.0.1:8765/api/ping/

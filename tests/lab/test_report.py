@@ -66,6 +66,13 @@ CEILINGS = [
         "requests_per_s": 800.0,
         "strategy": "preallocated",
     },
+    {
+        "name": "MySQL: raw redis_counter batch transaction, 32 grabs each",
+        "kind": "mysql_raw_batch_own",
+        "tool": "mysqlclient threads -c 16",
+        "requests_per_s": 24000.0,
+        "strategy": "redis_counter",
+    },
 ]
 
 
@@ -109,6 +116,11 @@ def test_each_run_gets_the_ceiling_that_bounds_it():
     assert rows["group_commit", "bench throughput"]["ceiling"] == "MySQL: hot-row UPDATE"
     assert rows["group_commit", "bench throughput"]["ceiling_ratio"] == 0.8
     assert rows["redis_counter", "bench throughput"]["ceiling_ratio"] == 0.6
+    # Beside it, the share of the strategy's own SQL run raw: its batch transaction, or a
+    # seed's statements; none for a strategy without statements of its own.
+    assert rows["redis_counter", "bench throughput"]["own_sql_ratio"] == 0.25
+    assert rows["preallocated", "bench throughput"]["own_sql_ratio"] == 0.75
+    assert "own_sql_ratio" not in rows["group_commit", "bench throughput"]
     # A seed with statements of its own: those statements, run raw; the others: pessimistic's.
     assert rows["preallocated", "bench throughput"]["ceiling"].startswith("MySQL: raw prealloc")
     assert rows["preallocated", "bench throughput"]["ceiling_ratio"] == 0.75
