@@ -20,9 +20,10 @@ looks at a strategy's class:
 - raw_grab(cursor, activity_id=, user_id=): the grab's own statements on a plain DB-API
   cursor (mysqlclient, autocommit), without Django: the lab's raw same-SQL ceiling
   (redpack/lab/ceilings.py). None for a strategy that has no such measure.
-- raw_batch(cursor, activity_id=, rows=): a batch's own MySQL statements (rows: steps.GrabRow,
-  the grabs already decided), one transaction, on a plain cursor: the lab's batched raw
-  same-SQL ceiling of a strategy that writes its batches inside the request. None otherwise.
+- raw_batch(cursor, activity_id=, grabs=): a batch's own MySQL statements (grabs: (user id,
+  cents, packet id or None), already decided), one transaction, on a plain cursor: the lab's
+  batched raw same-SQL ceiling of a strategy that writes its batches inside the request. None
+  otherwise.
 """
 
 from collections.abc import Callable, Mapping
@@ -110,7 +111,7 @@ class GrabStrategy:
     uses_redis: ClassVar[bool] = False
     # Optional: raw_grab(cursor, *, activity_id, user_id) -> None (see the module docstring).
     raw_grab: Callable[..., None] | None = None
-    # Optional: raw_batch(cursor, *, activity_id, rows) -> None (see the module docstring).
+    # Optional: raw_batch(cursor, *, activity_id, grabs) -> None (see the module docstring).
     raw_batch: Callable[..., None] | None = None
 
     def prepare(self, activity: "Activity") -> None:

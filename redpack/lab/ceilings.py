@@ -35,7 +35,6 @@ from redpack import services
 from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import to_cents
 from strategies import registry
-from strategies.steps import GrabRow
 
 from . import processes
 from .users import bench_sender, bench_users_ensure
@@ -472,8 +471,8 @@ def mysql_raw_batch(name: str, *, per_transaction: int, grabs: int, concurrency:
     packets = list(
         Packet.objects.filter(activity_id=activity.pk).order_by("pk").values_list("pk", "amount")
     )
-    rows = [
-        GrabRow(user, to_cents(packets[i][1]), packets[i][0]) if packets else GrabRow(user, 100)
+    decided: list[tuple[int, int, int | None]] = [
+        (user, to_cents(packets[i][1]), packets[i][0]) if packets else (user, 100, None)
         for i, user in enumerate(user_ids[:total])
     ]
     connections = [_connect(db, db["NAME"], autocommit=True) for _ in range(concurrency)]
@@ -483,7 +482,7 @@ def mysql_raw_batch(name: str, *, per_transaction: int, grabs: int, concurrency:
         start.wait()
         for t in range(transactions):
             first = (index * transactions + t) * per_transaction
-            raw_batch(own, activity_id=activity.pk, rows=rows[first : first + per_transaction])
+            raw_batch(own, activity_id=activity.pk, grabs=decided[first : first + per_transaction])
 
     try:
         seconds = _timed_threads(batch_loop, connections)

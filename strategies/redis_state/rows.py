@@ -97,9 +97,13 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
     return answers
 
 
-def write_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> None:
+def write_grabs_raw(
+    cursor: Any, *, activity_id: int, grabs: list[tuple[int, int, int | None]]
+) -> None:
     """`write_grabs`' transaction for a batch, on a plain cursor (autocommit) without Django:
-    the lab's batched raw same-SQL ceiling (GrabStrategy.raw_batch)."""
+    the lab's batched raw same-SQL ceiling (GrabStrategy.raw_batch). `grabs`: (user id, cents,
+    packet id or None), as Redis would have decided them."""
+    rows = [GrabRow(*grab) for grab in grabs]
     cursor.execute("START TRANSACTION")
     try:
         if not record_grabs_raw(cursor, activity_id=activity_id, rows=rows):

@@ -1,7 +1,6 @@
 """Ceilings belong to the lab: the Redis strategies' own scripts are named here, and each one
 takes the KEYS its strategy gives it."""
 
-from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -22,7 +21,6 @@ from redpack.money import to_cents
 from strategies import registry
 from strategies.redis_state import RedisStateStrategy
 from strategies.redis_state.rows import PacketTaken
-from strategies.steps import GrabRow
 
 
 def test_every_redis_strategy_has_its_script_and_only_they_do():
@@ -91,7 +89,7 @@ def test_a_raw_batch_writes_what_group_commit_writes_or_nothing(sender, make_use
     )
     first, second, third, fourth = make_users(4)
     packets = list(Packet.objects.filter(activity=activity).order_by("pk"))
-    row = [GrabRow(0, to_cents(p.amount), p.pk) for p in packets]
+    cents = [to_cents(p.amount) for p in packets]
     raw_batch = registry.get("redis_queue").raw_batch
     assert raw_batch is not None
 
@@ -99,13 +97,13 @@ def test_a_raw_batch_writes_what_group_commit_writes_or_nothing(sender, make_use
         raw_batch(
             cursor,
             activity_id=activity.pk,
-            rows=[replace(row[0], user_id=first.pk), replace(row[1], user_id=second.pk)],
+            grabs=[(first.pk, cents[0], packets[0].pk), (second.pk, cents[1], packets[1].pk)],
         )
         with pytest.raises(PacketTaken):  # the first packet is taken: the batch rolls back
             raw_batch(
                 cursor,
                 activity_id=activity.pk,
-                rows=[replace(row[2], user_id=third.pk), replace(row[0], user_id=fourth.pk)],
+                grabs=[(third.pk, cents[2], packets[2].pk), (fourth.pk, cents[0], packets[0].pk)],
             )
 
     written = GrabDetail.objects.filter(activity=activity)
