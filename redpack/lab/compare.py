@@ -515,6 +515,7 @@ class Compare:
         connections = users if hot else c.concurrency
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
+        beside = None if hot else self._ping_beside()
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -538,12 +539,31 @@ class Compare:
             # this many: each wrk thread goes round its own share of the users.
             row["repeated_users"] = row["requests"] - users
             self.log(f"  warning: {row['repeated_users']} requests past the {users} users")
+        if beside is not None and row.get("requests_per_s"):
+            row["ping_beside_per_s"] = beside
+            row["of_ping_beside"] = round(row["requests_per_s"] / beside, 4)
         granted = row.pop("granted", None)
         if granted is not None:
             cut_off = row["unanswered"] if hot else connections
             row.update(wrk.audit_answers(name, activity_id, granted, cut_off_at_most=cut_off))
             row["unanswered"] += 0 if hot else row["interrupted"]
         self._add_http_row(row, usage)
+
+    def _ping_beside(self) -> float | None:
+        """The kept-alive ping from wrk again, just before a strategy's many-packets run, on the
+        same connections for as long as the run: on a shared machine the server's pace drifts
+        over a long comparison (measured here: the same ping 1,100 to 1,500/s within an
+        hour), so a grab run's share of the ping is read against the ping beside it, as well
+        as against the one at the start (`of ceiling`)."""
+        c = self.config
+        ping = ceiling_runs.web_wrk(
+            url=f"{self.host}/api/ping/",
+            authorization=self.sender_token,
+            seconds=c.throughput_seconds,
+            connections=c.concurrency,
+        )
+        self.log(f"  ping beside it: {_rate(ping.requests_per_s)} {ping.note}")
+        return ping.requests_per_s
 
     def _tokens(self, count: int) -> list[str]:
         """The Authorization values of the first `count` bench users (the users CSV)."""
@@ -648,10 +668,17 @@ class Compare:
         for row in self.results:
             ratio = row.get("ceiling_ratio")
             shown = "n/a" if ratio is None else f"{100 * ratio:5.1f}%"
+            beside = row.get("of_ping_beside")
             self.log(
                 f"  {row['strategy']:<26} {row['run']:<17} {_rate(row.get('requests_per_s')):>12}"
                 f"  = {shown} of {row.get('ceiling') or 'no ceiling'}"
                 f" ({_rate(row.get('ceiling_rate'))})"
+                + (
+                    ""
+                    if beside is None
+                    else f"; {100 * beside:.1f}% of the ping beside it"
+                    f" ({_rate(row.get('ping_beside_per_s'))})"
+                )
             )
 
 

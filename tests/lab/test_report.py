@@ -228,15 +228,31 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
         generator_cpu_share=0.95,
         generator_bound=True,
     )
+    many = row(
+        "redis_counter",
+        "HTTP throughput (wrk)",
+        1_200.0,
+        requests=18_000,
+        causes={"grabbed": 18_000},
+        within_1s=1.0,
+        ping_beside_per_s=1_500.0,
+        of_ping_beside=0.8,
+        generator_cpu_share=0.05,
+    )
     path = tmp_path / "compare.md"
-    report.write_markdown(path, results=[http], ceilings=[], context={}, chart=None)
+    report.write_markdown(path, results=[http, many], ceilings=[], context={}, chart=None)
     text = path.read_text()
 
     assert "## Over HTTP: every request's answer and wait" in text
     line = next(x for x in text.splitlines() if x.startswith("| pessimistic | HTTP hot | 10,000"))
     assert "| **3** |" in line  # unanswered, flagged
     assert "grabbed 100, sold_out 9,890, shed 7, client_timeout 3" in line
-    assert "| 4,100 | 92.5% | 95% **generator-bound** |" in line
+    assert "| 4,100 | 92.5% | – | 95% **generator-bound** |" in line
+    # A many-packets run beside the ping measured just before it.
+    line = next(
+        x for x in text.splitlines() if x.startswith("| redis_counter | HTTP thr") and "18,000" in x
+    )
+    assert "| 100.0% | 80.0% | 5% |" in line
     histogram = next(x for x in text.splitlines() if x.startswith("| strategy | run | ≤10 ms"))
     assert histogram.endswith("| ≤10 ms | ≤1000 ms | ≤5000 ms |")
     assert "| pessimistic | HTTP hot | 9,000 | 250 | 750 |" in text
