@@ -1,9 +1,12 @@
 """Fixed-window rate limits counted atomically in Redis, for the API throttles and the login
 endpoints alike.
 
-One window per (scope, who, period): INCR and PEXPIRE NX in one MULTI, so concurrent requests
-cannot all read "under the limit" and then all pass (DRF's cache throttle reads a list and writes
-it back, which lets a burst through). With Redis away the limits fail open to a per-process
+One window per (scope, who, period): INCR and EXPIRE NX in one script run, so concurrent
+requests cannot all read "under the limit" and then all pass (DRF's cache throttle reads a list
+and writes it back, which lets a burst through). The same run makes the other reads a grab
+request needs before its work (`count_and_read`: the bans set, the activity's finished flag;
+redpack/api/gate.py), so a request sends Redis one command, on its thread's own connection
+(strategies/lua: no pool checkout). With Redis away the limits fail open to a per-process
 counter of the same shape (logged once a minute): a MySQL strategy keeps answering grabs, and
 a login flood still meets a limit in each web process.
 """
@@ -13,12 +16,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django_redis import get_redis_connection
-from redis.client import Pipeline
+from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from redpack import metrics
+from strategies.lua import run_script_pinned
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +68,73 @@ def window(scope: str, who: str, rate: Rate, now: float) -> Window:
     return Window(scope, f"rp:rate:{scope}:{who}:{index}", rate, (index + 1) * rate.seconds)
 
 
-def count(pipe: Pipeline, current: Window) -> None:
-    """Queue one request's count on a MULTI pipeline: its first result is the count so far
-    (two results in all)."""
-    pipe.incr(current.key)
-    pipe.expire(current.key, current.rate.seconds + 1, nx=True)
+# KEYS: the window's key, the set, the key to read, each only when its ARGV is not empty.
+# ARGV: the window's expiry in seconds, the member to look for, anything to read the key.
+COUNT_AND_READ = """
+local at, count, member, value, ttl = 1, false, false, false, false
+if ARGV[1] ~= '' then
+  count = redis.call('INCR', KEYS[at])
+  redis.call('EXPIRE', KEYS[at], ARGV[1], 'NX')
+  at = at + 1
+end
+if ARGV[2] ~= '' then
+  member = redis.call('SISMEMBER', KEYS[at], ARGV[2])
+  at = at + 1
+end
+if ARGV[3] ~= '' then
+  value = redis.call('GET', KEYS[at])
+  ttl = redis.call('PTTL', KEYS[at])
+end
+return {count, member, value, ttl}
+"""
+
+
+@dataclass(frozen=True)
+class Read:
+    count: int | None  # the window's count so far, this request included (None: not counted)
+    member: bool
+    value: bytes | None
+    ttl_ms: int | None  # the read key's PTTL (-2: no such key); None: not read
+
+
+@cache
+def _count_and_read() -> Script:
+    return get_redis_connection("default").register_script(COUNT_AND_READ)
+
+
+@receiver(setting_changed)
+def _forget_script(*, setting: str, **kwargs: object) -> None:
+    if setting == "CACHES":
+        _count_and_read.cache_clear()
+
+
+def count_and_read(
+    current: Window | None,
+    *,
+    member_of: tuple[str, int | str] | None = None,
+    read: str | None = None,
+) -> Read:
+    """In one script run: count one request in `current`'s window, look for a member in a set
+    (`member_of`: the set's key and the member), and read a key with its PTTL (`read`). Raises
+    RedisError when Redis did not answer (the count may or may not have been made)."""
+    keys: list[str] = []
+    args: list[int | str] = ["", "", ""]
+    if current is not None:
+        keys.append(current.key)
+        args[0] = current.rate.seconds + 1
+    if member_of is not None:
+        keys.append(member_of[0])
+        args[1] = member_of[1]
+    if read is not None:
+        keys.append(read)
+        args[2] = 1
+    count, member, value, ttl = run_script_pinned(_count_and_read(), keys, args)
+    return Read(
+        count=None if count is None else int(count),
+        member=bool(member),
+        value=value,
+        ttl_ms=None if ttl is None else int(ttl),
+    )
 
 
 def count_locally(current: Window, now: float, error: RedisError) -> int:
@@ -79,9 +148,7 @@ def hit(scope: str, who: str, rate: Rate) -> float | None:
     now = clock()
     current = window(scope, who, rate, now)
     try:
-        pipe = get_redis_connection("default").pipeline(transaction=True)
-        count(pipe, current)
-        so_far = int(pipe.execute()[0])
+        so_far = count_and_read(current).count or 0
     except RedisError as exc:
         so_far = count_locally(current, now, exc)
     return current.wait(so_far, now)

@@ -1,6 +1,7 @@
 """Fixtures on the real MariaDB and Redis. A missing service fails the run; nothing is skipped."""
 
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -10,6 +11,7 @@ from django_redis import get_redis_connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from redpack import bans, finished, health, ledger, selectors
+from tests.faults import FaultProxy
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -71,3 +73,15 @@ def pytest_generate_tests(metafunc):  # type: ignore[no-untyped-def]
 
         names = [n for n in settings.REDPACK_STRATEGIES if registry.get(n).safe]
         metafunc.parametrize("safe_strategy", names)
+
+
+@pytest.fixture
+def redis_proxy(settings) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
+    """Every Redis command of the app, the strategies' scripts included, through the proxy."""
+    url = urlsplit(settings.CACHES["default"]["LOCATION"])
+    proxy = FaultProxy((url.hostname or "127.0.0.1", url.port or 6379))
+    caches = {name: {**conf} for name, conf in settings.CACHES.items()}
+    caches["default"]["LOCATION"] = urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    settings.CACHES = caches  # the strategies' client and scripts follow (strategies/lua)
+    yield proxy
+    proxy.cut()

@@ -1,9 +1,10 @@
 """What a grab request (and the ping that stands in for its overhead) asks Redis before its work:
 one round trip.
 
-The user's grab throttle (its window's INCR + EXPIRE NX, redpack/ratelimit.py), whether the user
-is disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished
-(redpack/finished.py, with what the flag has left) go out in one MULTI. The token itself is
+The user's grab throttle (its window's count, redpack/ratelimit.py), whether the user is
+disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished
+(redpack/finished.py, with what the flag has left) go out in one script run
+(ratelimit.count_and_read), on the thread's own connection. The token itself is
 checked without any store (a signed JWT), so a grab that is refused, throttled or answered from
 the finished flag costs this one round trip and no MySQL query.
 
@@ -14,7 +15,6 @@ on their own), and the finished flag is this process's own memory.
 from dataclasses import dataclass
 
 from django.conf import settings
-from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
 from redpack import bans, finished, metrics, ratelimit
@@ -30,7 +30,7 @@ class Gate:
 
 def check(*, user_id: int, scope: str | None = None, activity_id: int | None = None) -> Gate:
     """The user's ban, and with `scope` its throttle, with `activity_id` the activity's
-    finished flag, in one MULTI."""
+    finished flag, in one script run."""
     rate = settings.REDPACK_THROTTLE_RATES.get(scope) if scope else None
     now = ratelimit.clock()
     window = (
@@ -38,26 +38,14 @@ def check(*, user_id: int, scope: str | None = None, activity_id: int | None = N
         if rate
         else None
     )
+    flag = None if activity_id is None else finished.key(activity_id)
     try:
-        pipe = get_redis_connection("default").pipeline(transaction=True)
-        if window is not None:
-            ratelimit.count(pipe, window)
-        pipe.sismember(bans.KEY, user_id)
-        if activity_id is not None:
-            pipe.get(finished.key(activity_id))
-            pipe.pttl(finished.key(activity_id))
-        replies = pipe.execute()
+        read = ratelimit.count_and_read(window, member_of=(bans.KEY, user_id), read=flag)
     except RedisError as exc:
         metrics.store_error(exc, "gate")
         wait = None
         if window is not None:
             wait = window.wait(ratelimit.count_locally(window, now, exc), now)
         return Gate(wait, bans.is_disabled(user_id), None)
-    wait = None
-    if window is not None:
-        so_far, _expire, *replies = replies
-        wait = window.wait(int(so_far), now)
-    disabled, *flag = replies  # the ban, then (with an activity) the flag and its PTTL
-    if not flag:
-        return Gate(wait, bool(disabled), None)
-    return Gate(wait, bool(disabled), flag[0], int(flag[1]))
+    wait = None if window is None or read.count is None else window.wait(read.count, now)
+    return Gate(wait, read.member, read.value, read.ttl_ms)

@@ -50,7 +50,12 @@ def run_pinned(name: str, keys: list[str], args: list[Any]) -> Any:
     client, as `script(name)(...)`). For scripts that settle a lost reply by running again (the
     grab script, keys.run_grabs): a pinned connection Redis closed while it was idle fails its
     next call as a lost reply does, and the re-run goes out on a new one."""
-    ran = script(name)
+    return run_script_pinned(script(name), keys, args)
+
+
+def run_script_pinned(ran: Script, keys: list[str], args: list[Any]) -> Any:
+    """`run_pinned` for any registered script, on its own client's Redis (the web requests'
+    counters and checks run on the default one, redpack/ratelimit.py)."""
     pinned = _pinned(ran.registered_client)
     if pinned is None:
         return ran(keys=keys, args=args)
@@ -71,6 +76,7 @@ def run_pinned(name: str, keys: list[str], args: list[Any]) -> Any:
 
 class _Pinned(threading.local):
     connection: AbstractConnection | None = None
+    pool = 0  # id() of the connection pool it was made like
     generation = -1
     used_at = 0.0
 
@@ -89,8 +95,10 @@ os.register_at_fork(after_in_child=_forget_pinned)  # a child never uses its par
 
 
 def _pinned(client: Any) -> AbstractConnection | None:
-    """This thread's own connection to the strategies' Redis, made like the pool's (same
-    address, timeouts, retry policy) but outside it; None for a Redis Cluster.
+    """This thread's own connection to `client`'s Redis, made like its pool's (same address,
+    timeouts, retry policy) but outside it; None for a Redis Cluster. One per thread: the
+    strategies' client and the default one are the same client unless the strategies' state
+    lives on a cluster, and then only the default one pins a connection.
 
     After IDLE_CHECK_SECONDS without use it is checked as the pool checks every connection it
     hands out (closed by Redis, or holding unread data: made again), so that an idle timeout or
@@ -99,12 +107,13 @@ def _pinned(client: Any) -> AbstractConnection | None:
         return None
     here = _pinned_here
     now = time.monotonic()
-    if here.connection is None or here.generation != _generation:
+    pool = client.connection_pool
+    if here.connection is None or here.generation != _generation or here.pool != id(pool):
         if here.connection is not None:
             here.connection.disconnect()
-        pool = client.connection_pool
         here.connection = pool.connection_class(**pool.connection_kwargs)
         here.generation = _generation
+        here.pool = id(pool)
     elif now - here.used_at > IDLE_CHECK_SECONDS:
         try:
             stale = here.connection.can_read()  # connects first if it is not

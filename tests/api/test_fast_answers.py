@@ -10,11 +10,12 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 from django_redis import get_redis_connection
-from redis.client import Pipeline, Redis
+from redis.client import Pipeline
+from redis.connection import AbstractConnection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import finished, services
+from redpack import finished, ratelimit, services
 from strategies.base import GrabResult, Outcome
 from tests.dummy_strategies import DUMMIES, HeldStrategy
 
@@ -35,19 +36,24 @@ def send(sender, strategy: str, count: int = 2) -> int:  # type: ignore[no-untyp
 
 @pytest.fixture
 def redis_round_trips(monkeypatch) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
-    """Every round trip to Redis, by its first command: a plain command or a pipeline."""
+    """Every round trip to Redis, on a pool's connection or a thread's own: a command (a script
+    run by the name of its script, the requests' gate script as `count_and_read`) or a
+    pipeline."""
     trips: list[str] = []
-    command, execute = Redis.execute_command, Pipeline.execute
+    command, execute = AbstractConnection.send_command, Pipeline.execute
 
     def counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
-        trips.append(str(args[0]))
+        name = str(args[0])
+        if name == "EVALSHA" and args[1] == ratelimit._count_and_read().sha:
+            name = "EVALSHA count_and_read"
+        trips.append(name)
         return command(self, *args, **options)
 
     def counted_execute(self, *args, **options):  # type: ignore[no-untyped-def]
         trips.append("pipeline: " + " ".join(str(c[0][0]) for c in self.command_stack))
         return execute(self, *args, **options)
 
-    monkeypatch.setattr(Redis, "execute_command", counted_command)
+    monkeypatch.setattr(AbstractConnection, "send_command", counted_command)
     monkeypatch.setattr(Pipeline, "execute", counted_execute)
     with override_settings(
         REDPACK_THROTTLE_RATES={**settings.REDPACK_THROTTLE_RATES, "grab": "120/min"}
@@ -93,7 +99,7 @@ def test_another_process_learns_the_end_from_redis_in_the_same_round_trip(
     with CaptureQueriesContext(connection) as queries:
         answer = client_of(users[2]).post(f"/api/activities/{activity}/grab/")
     assert answer.json() == {"outcome": "sold_out"}
-    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET PTTL"]
+    assert redis_round_trips == ["EVALSHA count_and_read"]
     assert len(queries) == 1  # the holders, read once for this process's memory
 
 
@@ -106,7 +112,7 @@ def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
     with CaptureQueriesContext(connection) as queries:
         response = client_of(user).post(f"/api/activities/{activity}/grab/")
     assert response.json()["outcome"] == "grabbed"
-    assert redis_round_trips == ["pipeline: INCRBY EXPIRE SISMEMBER GET PTTL"]
+    assert redis_round_trips == ["EVALSHA count_and_read"]
     # pessimistic's own statements only: no session, no user row, no strategy lookup twice
     assert all("auth_user" not in q["sql"] and "django_session" not in q["sql"] for q in queries)
     assert "Set-Cookie" not in response and "Cookie" not in response.get("Vary", "")

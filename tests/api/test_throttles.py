@@ -107,3 +107,30 @@ def test_with_redis_away_a_mysql_strategy_still_answers(settings, sender, make_u
     answers = [client.post(f"/api/activities/{activity.pk}/grab/") for _ in range(12)]
     assert answers[0].json()["outcome"] == "grabbed"
     assert [a.status_code for a in answers] == [200] * 10 + [429] * 2  # counted in-process
+
+
+def test_a_lost_gate_reply_is_answered_counted_here_and_a_ban_still_holds(
+    settings, sender, make_users, redis_proxy
+):
+    """The gate's one script run (ratelimit.count_and_read) loses its reply: the request is
+    answered as with Redis away (counted in this process, the ban asked again), never a 500."""
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    allowed, banned = make_users(2)
+    banned.is_active = False
+    banned.save()  # into the bans set (redpack/bans.py), as an admin's change does
+    gate_script = ratelimit._count_and_read().sha.encode()
+
+    answers = []
+    for user in (allowed, banned):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+        redis_proxy.drop_reply(gate_script)
+        answers.append(client.post(f"/api/activities/{activity.pk}/grab/"))
+
+    assert answers[0].status_code == 200 and answers[0].json()["outcome"] == "grabbed"
+    assert answers[1].status_code == 401
+    assert answers[1].json()["error"]["code"] == "user_inactive"
+    assert ratelimit._local.counts  # the lost count was made again in this process

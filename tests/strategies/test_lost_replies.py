@@ -3,9 +3,7 @@ in front of the real Redis or MariaDB (tests/faults.py): a grab is never invente
 Redis or lost, and a user never ends up with two rows."""
 
 import threading
-from collections.abc import Iterator
 from decimal import Decimal
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.conf import settings as django_settings
@@ -22,24 +20,11 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 from strategies.redis_state import RedisStateStrategy
-from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REDIS_STRATEGIES = ["redis_counter", "redis_queue", "redis_queue_single", "redis_queue_async"]
 SYNC = ["redis_counter", "redis_queue", "redis_queue_single"]  # they write MySQL before they answer
-
-
-@pytest.fixture
-def redis_proxy(settings) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
-    """Every Redis command of the app, the strategies' scripts included, through the proxy."""
-    url = urlsplit(settings.CACHES["default"]["LOCATION"])
-    proxy = FaultProxy((url.hostname or "127.0.0.1", url.port or 6379))
-    caches = {name: {**conf} for name, conf in settings.CACHES.items()}
-    caches["default"]["LOCATION"] = urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
-    settings.CACHES = caches  # the strategies' client and scripts follow (strategies/lua)
-    yield proxy
-    proxy.cut()
 
 
 def send(sender, strategy: str, count: int = 3) -> Activity:  # type: ignore[no-untyped-def]
