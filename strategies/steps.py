@@ -325,10 +325,9 @@ def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
     """A batch's writes, as the Redis strategies' group commit makes them (redis_state/rows.py
     `write_grabs`): the surplus once, the grab rows in one INSERT and, for pre-split packets,
     one claim of them all. False when a packet was not available (the caller's transaction must
-    then roll back). Call it inside a transaction, the activity row not yet held by it."""
-    if connection.vendor == "mysql":
-        with connection.cursor() as cursor:
-            return record_grabs_raw(cursor, activity_id=activity_id, rows=rows)
+    then roll back). Call it inside a transaction, the activity row not yet held by it. The
+    same statements as `record_grabs_raw` (the `*_sql` functions), here through the service's
+    connection, where the surplus decrement also starts the row-lock hold's clock (holds.py)."""
     take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
     insert_grab_rows(activity_id=activity_id, rows=rows)
     claims = [row for row in rows if row.packet_id is not None]
@@ -336,7 +335,8 @@ def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
 
 
 def record_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
-    """`record_grabs`'s statements on a plain DB-API cursor (MySQL; a strategy's raw_batch)."""
+    """`record_grabs`'s statements on a plain DB-API cursor (MySQL; a strategy's raw_batch),
+    without the service's meters."""
     cursor.execute(
         *take_from_surplus_sql(
             activity_id=activity_id,

@@ -8,8 +8,9 @@ disabled (the bans set, redpack/bans.py) and whether the activity is known to be
 checked without any store (a signed JWT), so a grab that is refused, throttled or answered from
 the finished flag costs this one round trip and no MySQL query.
 
-With Redis away the throttle counts in this process, the ban check asks MySQL (both as they do
-on their own), and the finished flag is this process's own memory.
+With Redis away, or the script's reply lost, the throttle counts in this process, the ban is
+asked again (bans.is_disabled: Redis through the pool, else MySQL), and the finished flag is
+this process's own memory.
 """
 
 from dataclasses import dataclass

@@ -149,7 +149,7 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
         # same SQL (a hot run's requests are mostly answered from memory).
         own_sql = measured("mysql_raw_batch_own", name) or measured("mysql_raw_seed", name)
         for row in rows:
-            if own_sql and row["run"] == "bench throughput":
+            if own_sql and row["run"] == "bench throughput" and row.get("requests_per_s"):
                 row["own_sql_ratio"] = round(row["requests_per_s"] / own_sql["requests_per_s"], 4)
             bound = storage
             if row["run"].startswith("HTTP"):
@@ -552,7 +552,7 @@ class Compare:
     def _ping_beside(self) -> float | None:
         """The kept-alive ping from wrk again, just before a strategy's many-packets run, on the
         same connections for as long as the run: on a shared machine the server's pace drifts
-        over a long comparison (measured here: the same ping 1,100 to 1,500/s within an
+        over a long comparison (measured here: the same ping 1,100 to 1,650/s within an
         hour), so a grab run's share of the ping is read against the ping beside it, as well
         as against the one at the start (`of ceiling`)."""
         c = self.config

@@ -108,6 +108,8 @@ def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
 ):
     (user,) = make_users(1)
     activity = send(sender, "pessimistic")  # a MySQL strategy: nothing else asks Redis
+    # This thread's own connection made, and the gate's script loaded, as in a running server.
+    assert client_of(user).get("/api/ping/").status_code == 200
     redis_round_trips.clear()
     with CaptureQueriesContext(connection) as queries:
         response = client_of(user).post(f"/api/activities/{activity}/grab/")
