@@ -236,14 +236,17 @@ class Compare:
                             name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
                         )
                 if not config.skip_locust:
-                    self._locust(name, "hot")
+                    # The timed runs first, then the bursts: for seconds after a burst of
+                    # 10,000 connections the server is still closing them, and the 64 that a
+                    # timed run then opens at once can all land on one gunicorn worker
+                    # (measured: 1,080 grabs/s before a burst, 600 right after it, 1,084 after
+                    # 15 s; thousands of sockets in CLOSE-WAIT for over 10 s), which would
+                    # measure the burst's wake.
                     self._locust(name, "throughput")
                     if wrk.available():
-                        # The timed run first: for a few seconds after wrk's burst of 10,000
-                        # connections, the 64 that wrk then opens at once all land on one
-                        # gunicorn worker (measured: 1,080 grabs/s before a burst, 600 right
-                        # after it, 1,084 after 15 s), which would measure the burst's wake.
                         self._wrk(name, "throughput")
+                    self._locust(name, "hot")
+                    if wrk.available():
                         self._wrk(name, "hot")
         finally:
             for service in reversed(self.services):
