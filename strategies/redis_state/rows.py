@@ -39,6 +39,11 @@ class PacketTaken(Exception):
     """MySQL does not hold the popped packet as available (or not at that amount): Redis and
     MySQL disagreed, so the packet is not given back to the list."""
 
+    @classmethod
+    def among(cls, rows: list[GrabRow]) -> "PacketTaken":
+        """A batch's claim fell short: one of its pre-split packets, named by their ids."""
+        return cls([row.packet_id for row in rows if row.packet_id is not None])
+
 
 @dataclass(frozen=True)
 class Won:
@@ -65,7 +70,7 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
         try:
             with grab_transaction():
                 if not record_grabs(activity_id=activity_id, rows=rows):
-                    raise PacketTaken([row.packet_id for row in rows])
+                    raise PacketTaken.among(rows)
         except Exception as exc:  # noqa: BLE001 - settled grab by grab below
             logger.info(
                 "activity %s: a batch of %d grabs was not written at once (%r); "
@@ -107,7 +112,7 @@ def write_grabs_raw(
     cursor.execute("START TRANSACTION")
     try:
         if not record_grabs_raw(cursor, activity_id=activity_id, rows=rows):
-            raise PacketTaken([row.packet_id for row in rows])
+            raise PacketTaken.among(rows)
     except BaseException:
         cursor.execute("ROLLBACK")
         raise
