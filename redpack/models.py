@@ -99,7 +99,12 @@ class Packet(models.Model):
 
     class Meta:
         db_table = "t_redpack"
-        indexes = [models.Index(fields=["activity", "status"], name="packet_activity_status")]
+        # The foreign key to the activity has an index of its own, first (migration 0006): a
+        # claim changes the status, not the key's index, so it does not lock the activity row.
+        indexes = [
+            models.Index(fields=["activity"], name="packet_activity"),
+            models.Index(fields=["activity", "status"], name="packet_activity_status"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gte=ONE_CENT), name="packet_amount_min"),
             models.CheckConstraint(

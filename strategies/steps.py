@@ -17,11 +17,13 @@ Every statement goes to the current activity's database (redpack/shards.py: `con
 `atomic()` there), so a strategy runs unchanged on a shard.
 
 Lock order. InnoDB checks a foreign key by taking a shared lock on the parent row, and the
-activity's foreign keys sit on the indexes (activity_id, user_id) of the details and
-(activity_id, status) of the packets: inserting a detail, or changing a packet's status, takes
-a shared lock on the activity row. Two grabs that each hold it shared and then both want to
-update the row deadlock. So every writer takes the activity row exclusively (its decrement,
-or SELECT … FOR UPDATE) before it inserts a detail or changes a packet's status.
+details' foreign key to the activity sits on their index (activity_id, user_id): inserting a
+detail takes a shared lock on the activity row. Two grabs that each hold it shared and then both
+want to update the row deadlock. So every writer takes the activity row exclusively (its
+decrement, or SELECT … FOR UPDATE) before it inserts a detail. Claiming a pre-split packet
+changes its status, not its foreign key's index (activity_id) of its own (migration 0006), so a
+claim takes no lock on the activity row: a batch claims its packets first, and holds the
+activity's row only for the decrement, the insert and the commit (`record_grabs`).
 """
 
 import re
@@ -323,20 +325,29 @@ def record_grab_raw(
 
 def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
     """A batch's writes, as the Redis strategies' group commit makes them (redis_state/rows.py
-    `write_grabs`): the surplus once, the grab rows in one INSERT and, for pre-split packets,
-    one claim of them all. False when a packet was not available (the caller's transaction must
-    then roll back). Call it inside a transaction, the activity row not yet held by it. The
+    `write_grabs`): for pre-split packets one claim of them all, first, before the activity row
+    (the lock order above: the row is held for the rest only); then the surplus once and the
+    grab rows in one INSERT. False when a packet was not available (nothing decremented; the
+    caller's transaction must then roll back). Call it inside a transaction, the activity row
+    not yet held by it. The
     same statements as `record_grabs_raw` (the `*_sql` functions), here through the service's
     connection, where the surplus decrement also starts the row-lock hold's clock (holds.py)."""
+    claims = [row for row in rows if row.packet_id is not None]
+    if claims and not claim_packets(activity_id=activity_id, rows=claims):
+        return False
     take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
     insert_grab_rows(activity_id=activity_id, rows=rows)
-    claims = [row for row in rows if row.packet_id is not None]
-    return not claims or claim_packets(activity_id=activity_id, rows=claims)
+    return True
 
 
 def record_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
     """`record_grabs`'s statements on a plain DB-API cursor (MySQL; a strategy's raw_batch),
     without the service's meters."""
+    claims = [row for row in rows if row.packet_id is not None]
+    if claims:
+        cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
+        if cursor.rowcount != len(claims):
+            return False
     cursor.execute(
         *take_from_surplus_sql(
             activity_id=activity_id,
@@ -347,11 +358,7 @@ def record_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> b
         )
     )
     cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows))
-    claims = [row for row in rows if row.packet_id is not None]
-    if not claims:
-        return True
-    cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
-    return bool(cursor.rowcount == len(claims))
+    return True
 
 
 def take_from_surplus(
@@ -453,8 +460,9 @@ def claim_packets(*, activity_id: int, rows: list[GrabRow]) -> bool:
     activity's, was available at that amount and is now taken by its user; False when any was
     not (the caller's transaction must then roll back).
 
-    Call it only while holding the activity row exclusively (see the module docstring). On
-    MySQL one raw statement (`claim_packets_sql`); elsewhere the ORM's equivalent.
+    The packets are the batch's alone (Redis popped them), so it runs before the activity row
+    is taken (the module docstring's lock order); `record_grabs` calls it first. On MySQL one
+    raw statement (`claim_packets_sql`); elsewhere the ORM's equivalent.
     """
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:

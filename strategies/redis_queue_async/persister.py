@@ -47,7 +47,7 @@ from redpack.shards import connection
 
 from .. import registry
 from ..redis_state.keys import mark
-from ..steps import GrabRow, claim_packets, held_marks, insert_grab_rows, take_from_surplus
+from ..steps import GrabRow, held_marks, record_grabs
 from . import stream
 from .stream import Entry
 
@@ -138,16 +138,15 @@ def _not_yet_recorded(activity_id: int, entries: list[Entry]) -> list[Entry]:
 
 
 def _insert(activity_id: int, fresh: list[Entry]) -> None:
-    """The surplus, the detail rows and the packets' claims: the claim's UPDATE takes a packet
+    """The packets' claims, the surplus and the detail rows (steps.record_grabs, as the
+    request-time batches write them): the claim's UPDATE takes a packet
     only if it is still available at the entry's amount, so a packet that is not fails the
     batch (rolled back, then its entries are tried one by one)."""
     rows = [GrabRow(e.user_id, e.cents, e.packet_id) for e in fresh]
     packets = {row.packet_id for row in rows}
     if None in packets or len(packets) != len(rows):
         raise Conflict("an entry of the batch names no packet, or a packet another one names")
-    take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
-    insert_grab_rows(activity_id=activity_id, rows=rows)
-    if not claim_packets(activity_id=activity_id, rows=rows):
+    if not record_grabs(activity_id=activity_id, rows=rows):
         if len(rows) == 1:
             raise Conflict(
                 f"packet {rows[0].packet_id} is not available at {from_cents(rows[0].cents)}"

@@ -22,10 +22,8 @@ from ..lua import script
 from ..steps import (
     GrabRow,
     after_duplicate,
-    claim_packets,
     grab_transaction,
     held_marks,
-    record_grab,
     record_grabs,
     record_grabs_raw,
     written_row,
@@ -128,7 +126,8 @@ def write_grab(
     attempt: str,
     adopted: bool = False,
 ) -> GrabResult:
-    """One transaction: the surplus, the detail row and, for a pre-split packet, its claim.
+    """One transaction: for a pre-split packet its claim, then the surplus and the detail row
+    (steps.record_grabs, as a batch of one).
 
     `adopted`: this attempt writes a grab an earlier attempt of the user made (adopt()), so
     it answers `already_grabbed`; the attempt that made the grab is the one that says
@@ -139,12 +138,14 @@ def write_grab(
     won = GrabResult(Outcome.ALREADY_GRABBED if adopted else Outcome.GRABBED, cents)
     try:
         with grab_transaction(turn=activity_id):
-            record_grab(activity_id=activity_id, user_id=user_id, cents=cents, redpack_id=packet_id)
-            if packet_id is not None and not claim_packets(
-                activity_id=activity_id, rows=[this_grab]
-            ):
+            if not record_grabs(activity_id=activity_id, rows=[this_grab]):
                 raise PacketTaken(packet_id)
     except PacketTaken:
+        # The claim comes first (steps.record_grabs): a packet taken may be this very grab,
+        # written by an earlier attempt (a batch whose COMMIT reply was lost, another attempt
+        # that took the mark over). Then it is this one's, as after a duplicate row below.
+        if held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id) == this_grab:
+            return won
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
         logger.warning(
             "activity %s: packet %s was in Redis but is not available in MySQL; "

@@ -4,7 +4,7 @@ packets are claimed all or none, and the values written inline are exactly the g
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from redpack import services
 from redpack.models import GrabDetail, Packet, PacketStatus
@@ -78,3 +78,45 @@ def test_a_batch_with_one_bad_claim_reports_it_and_rolls_back_whole(make_users, 
     assert dict(Packet.objects.values_list("pk", "status")) == before
     if fault != "taken":
         assert set(before.values()) == {PacketStatus.AVAILABLE}
+
+
+def _activity_row_is_free(activity_id: int) -> bool:
+    """Whether another connection can lock the activity's row right now (NOWAIT: no waiting)."""
+    import MySQLdb
+
+    settings = connection.settings_dict
+    other = MySQLdb.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=int(settings["PORT"] or 3306),
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        database=settings["NAME"],
+    )
+    try:
+        cursor = other.cursor()
+        cursor.execute("START TRANSACTION")
+        try:
+            cursor.execute(
+                "SELECT id FROM t_redpack_activity WHERE id = %s FOR UPDATE NOWAIT", [activity_id]
+            )
+        except MySQLdb.OperationalError:
+            return False
+        cursor.execute("ROLLBACK")
+        return True
+    finally:
+        other.close()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's foreign key locks")
+def test_a_claim_leaves_the_activity_row_free_and_a_detail_row_does_not(make_users, sender):
+    """The lock order record_grabs relies on (steps.py): a batch claims its packets before it
+    takes the activity's row, so two batches' claims never hold the row shared. Inserting a
+    detail row does take it shared (its foreign key), which is why that comes after."""
+    activity, packets = packets_of(sender, 2)
+    users = make_users(2)
+    rows = [GrabRow(u.pk, to_cents(p.amount), p.pk) for u, p in zip(users, packets, strict=True)]
+    with transaction.atomic():
+        assert claim_packets(activity_id=activity.pk, rows=rows)
+        assert _activity_row_is_free(activity.pk)
+        insert_grab_rows(activity_id=activity.pk, rows=rows)
+        assert not _activity_row_is_free(activity.pk)
