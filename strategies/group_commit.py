@@ -5,21 +5,25 @@ round trips, and grabs of one activity run in series at the rate of that hand-of
 grabs that arrive in one process while a batch runs join the next batch (strategies/combiner.py:
 a lone grab runs at once, as a batch of one), and one transaction serves the batch:
 
-1. SELECT … FOR UPDATE on the activity row (status, expiry, what is left);
-2. which of the batch's users already hold a packet (one SELECT … IN; a batch of one reads its
-   user's grab with the row);
+1. which of the batch's users already hold a packet (one SELECT … IN, before the transaction,
+   so the row is not held for it; a batch of one reads its user's grab with the row instead);
+2. SELECT … FOR UPDATE on the activity row (status, expiry, what is left);
 3. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
    the same user twice in the batch: one packet, the later click `already_grabbed`;
 4. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
 
-What it locks: the activity row, once per batch. What it checks twice: nothing needs checking
-twice: every check is made under the row lock. Round trips: 5 statements (plus the transaction's
-own) per batch. Failure: one transaction, so after a failure during the writes (a dropped
-connection, maybe during COMMIT) either every row of the batch exists or none does; MySQL is
-asked which on a fresh connection behind the row lock (steps.written_row) before anybody is
-answered, and when it cannot be asked, the members who were to get a packet get OutcomeUnknown
-(503, retry). A grab row refused by a constraint (a user that does not exist) fails the batch's
-INSERT: each member is then run again on its own, so only that member gets its 403.
+What it locks: the activity row, once per batch, for four round trips (the row, the UPDATE,
+the INSERT, the COMMIT). What it checks twice: a grab committed by another process between the
+lookup and the row lock is caught by UNIQUE (activity, user): the batch's INSERT is refused and
+each member runs again on its own, its lookup then made with the row, under the lock. Every
+other check is made under the row lock.
+
+Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
+during COMMIT) either every row of the batch exists or none does; MySQL is asked which on a
+fresh connection behind the row lock (steps.written_row) before anybody is answered, and when it
+cannot be asked, the members who were to get a packet get OutcomeUnknown (503, retry). A grab
+row refused by a constraint (a user that does not exist) fails the batch's INSERT: each member
+is then run again on its own, so only that member gets its 403.
 """
 
 from collections.abc import Hashable, Sequence
@@ -80,8 +84,15 @@ class GroupCommitStrategy(GrabStrategy):
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
         try:
+            # A batch of one reads its user's grab with the row (plan); a larger one before the
+            # transaction, so that the row is not held for it (the module docstring).
+            held = (
+                None
+                if len(user_ids) == 1
+                else held_marks(activity_id=activity_id, user_ids=user_ids)
+            )
             with grab_transaction():
-                planned, rows = self.plan(activity_id, user_ids)
+                planned, rows = self.plan(activity_id, user_ids, held)
                 if rows:
                     take_from_surplus(
                         activity_id=activity_id,
@@ -104,17 +115,19 @@ class GroupCommitStrategy(GrabStrategy):
             return self.settle_in_doubt(activity_id, user_ids, planned, rows)
         return planned
 
-    def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
-        """Under the activity's row lock: every member's answer and the rows to write."""
+    def plan(
+        self, activity_id: int, user_ids: list[int], held: dict[int, GrabRow] | None
+    ) -> tuple[list[GrabResult], list[GrabRow]]:
+        """Under the activity's row lock: every member's answer and the rows to write. `held`:
+        the members' grabs MySQL held just before (None: a batch of one, read with the row)."""
         alone = user_ids[0] if len(user_ids) == 1 else None
         activity, alone_holds = read_for_grab(activity_id=activity_id, user_id=alone)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []
-        if alone is not None:  # a batch of one: its user's grab was read with the row
-            holding = {} if alone_holds is None else {alone: alone_holds}
+        if held is None:  # a batch of one: its user's grab was read with the row
+            holding = {} if alone is None or alone_holds is None else {alone: alone_holds}
         else:
-            held = held_marks(activity_id=activity_id, user_ids=user_ids)
             holding = {user_id: row.cents for user_id, row in held.items()}
         left_cents, left_count = to_cents(activity.surplus_amount), activity.surplus_count
         planned: list[GrabResult] = []

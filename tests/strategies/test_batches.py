@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
@@ -240,4 +241,36 @@ def test_a_process_killed_mid_batch_leaves_no_grab_half_made(strategy, make_user
     expected = Outcome.GRABBED if strategy == "group_commit" else Outcome.ALREADY_GRABBED
     assert [r.outcome for r in retries] == [expected] * 2
     assert rows_of(activity) == {u.pk: r.amount_cents for u, r in zip(users, retries, strict=True)}
+    assert_consistent(activity)
+
+
+def test_a_grab_committed_between_a_batchs_lookup_and_its_row_lock_is_not_given_twice(
+    make_users, sender, monkeypatch
+):
+    """group_commit looks its members' grabs up before it locks the activity row: a grab of one
+    of them that another process commits in between is caught by UNIQUE (activity, user), and
+    each member is then answered on its own, under the lock."""
+    from strategies import group_commit
+
+    activity = send(sender, "group_commit")
+    first, second = make_users(2)
+    looked_up = group_commit.held_marks
+    elsewhere: list[object] = []
+
+    def lookup_then_another_process_grabs(**kwargs):  # type: ignore[no-untyped-def]
+        held = looked_up(**kwargs)
+        # Another connection (another process, as far as MySQL knows) grabs for `first` now.
+        with ThreadPoolExecutor(1) as other:
+            elsewhere.append(
+                other.submit(run_batch, "group_commit", activity.pk, [first.pk]).result()
+            )
+        return held
+
+    monkeypatch.setattr(group_commit, "held_marks", lookup_then_another_process_grabs)
+    answers = run_batch("group_commit", activity.pk, [first.pk, second.pk])
+    ((earlier,),) = elsewhere
+    assert isinstance(earlier, GrabResult) and earlier.outcome is Outcome.GRABBED
+    assert answers[0] == GrabResult(Outcome.ALREADY_GRABBED, earlier.amount_cents)
+    assert isinstance(answers[1], GrabResult) and answers[1].outcome is Outcome.GRABBED
+    assert rows_of(activity) == {first.pk: earlier.amount_cents, second.pk: answers[1].amount_cents}
     assert_consistent(activity)
