@@ -15,8 +15,8 @@ a lone grab runs at once, as a batch of one), and one transaction serves the bat
 What it locks: the activity row, once per batch, for four round trips (the row, the UPDATE,
 the INSERT, the COMMIT). What it checks twice: a grab committed by another process between the
 lookup and the row lock is caught by UNIQUE (activity, user): the batch's INSERT is refused and
-each member runs again on its own, its lookup then made with the row, under the lock. Every
-other check is made under the row lock.
+the batch runs once more, its lookup then made under the lock. Every other check is made under
+the row lock.
 
 Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
 during COMMIT) either every row of the batch exists or none does; MySQL is asked which on a
@@ -77,19 +77,22 @@ class GroupCommitStrategy(GrabStrategy):
             return close_row_locked(activity_id=activity_id)
 
     def grab_batch(
-        self, activity_id: Hashable, user_ids: list[int]
+        self, activity_id: Hashable, user_ids: list[int], *, look_up_first: bool = True
     ) -> Sequence[GrabResult | Exception]:
-        """One transaction for the batch; one answer per member, in order."""
+        """One transaction for the batch; one answer per member, in order.
+
+        `look_up_first`: a batch of more than one looks its members' grabs up before the
+        transaction, so that the row is not held for it (the module docstring); if a grab
+        committed in between makes the INSERT fail, the batch runs once more with the lookup
+        under the lock, and only if that fails too is each member run alone."""
         assert isinstance(activity_id, int)
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
         try:
-            # A batch of one reads its user's grab with the row (plan); a larger one before the
-            # transaction, so that the row is not held for it (the module docstring).
             held = (
-                None
-                if len(user_ids) == 1
-                else held_marks(activity_id=activity_id, user_ids=user_ids)
+                held_marks(activity_id=activity_id, user_ids=user_ids)
+                if look_up_first and len(user_ids) > 1
+                else None
             )
             with grab_transaction():
                 planned, rows = self.plan(activity_id, user_ids, held)
@@ -101,7 +104,12 @@ class GroupCommitStrategy(GrabStrategy):
                     )
                     insert_grab_rows(activity_id=activity_id, rows=rows)
         except IntegrityError as exc:
-            if len(user_ids) > 1:
+            if len(user_ids) > 1 and look_up_first:
+                # Most likely a double click whose other click another process wrote between
+                # the lookup and the lock: looked up under the lock, the batch is exact.
+                connection.close_if_unusable_or_obsolete()
+                return self.grab_batch(activity_id, user_ids, look_up_first=False)
+            if len(user_ids) > 1:  # a member MySQL refuses (a user that no longer exists)
                 return [self.alone(activity_id, user_id) for user_id in user_ids]
             try:
                 return [after_duplicate(activity_id=activity_id, user_id=user_ids[0], error=exc)]
@@ -119,15 +127,18 @@ class GroupCommitStrategy(GrabStrategy):
         self, activity_id: int, user_ids: list[int], held: dict[int, GrabRow] | None
     ) -> tuple[list[GrabResult], list[GrabRow]]:
         """Under the activity's row lock: every member's answer and the rows to write. `held`:
-        the members' grabs MySQL held just before (None: a batch of one, read with the row)."""
+        the members' grabs MySQL held just before the transaction; None: looked up here, under
+        the lock (a batch of one reads its user's grab with the row)."""
         alone = user_ids[0] if len(user_ids) == 1 else None
         activity, alone_holds = read_for_grab(activity_id=activity_id, user_id=alone)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []
-        if held is None:  # a batch of one: its user's grab was read with the row
-            holding = {} if alone is None or alone_holds is None else {alone: alone_holds}
+        if alone is not None:
+            holding = {} if alone_holds is None else {alone: alone_holds}
         else:
+            if held is None:
+                held = held_marks(activity_id=activity_id, user_ids=user_ids)
             holding = {user_id: row.cents for user_id, row in held.items()}
         left_cents, left_count = to_cents(activity.surplus_amount), activity.surplus_count
         planned: list[GrabResult] = []

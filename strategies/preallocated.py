@@ -4,9 +4,10 @@ What it locks: nothing while choosing. Sending splits the total into `t_redpack`
 picks one available row at random (so rivals rarely pick the same one), then in one
 transaction locks the activity row, claims the packet with
 `UPDATE t_redpack … WHERE id=? AND status=AVAILABLE AND version=?`, decrements the surplus and
-inserts the detail pointing at the packet. The activity row is locked before the claim because
-the claim's foreign-key check read-locks it (strategies/steps.py): claiming first and decrementing
-second deadlocks two grabs under load.
+inserts the detail pointing at the packet. The activity row is locked before the claim, so
+that open, unexpired and surplus left are checked under it before anything is written (the
+claim itself takes no lock on the row: the packets' foreign key has an index of its own,
+migration 0006; strategies/steps.py, "Lock order").
 What it checks twice: open / already grabbed / sold out on a plain read, then open, unexpired
 and surplus left again under the activity row lock; if closed, nothing is written and the
 answer is `closed`.

@@ -4,8 +4,9 @@ Send: the total is cut at once (allocation.split) into t_redpack rows, pushed to
 rp:{id}:packets when the send commits. Grab: concurrent grabs of the activity in this process
 join a batch (strategies/combiner.py); one EVALSHA (lua/grab.lua, popping) checks closed and
 expired, dedupes, pops a packet and records user -> packet for every member, atomically; then
-one MySQL transaction (group commit) writes the winners' detail rows, marks their packets TAKEN
-and decrements the surplus once, and only then is each winner answered `grabbed`. If that write
+one MySQL transaction (group commit) marks the winners' packets TAKEN, decrements the surplus
+once and writes their detail rows (steps.record_grabs: the claim first, so the activity row is
+held for the rest only), and only then is each winner answered `grabbed`. If that write
 fails, each grab is written on its own, and lua/release.lua puts back the packet of one that was
 not written and removes its mark in one step: nothing is lost and the user may retry.
 

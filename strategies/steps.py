@@ -184,8 +184,9 @@ def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
     maybe during COMMIT, so the transaction may have committed or not.
 
     Asked on a fresh connection, behind the activity's row lock: a transaction the server is
-    still committing holds that lock until it is done (every writer takes it first, see the
-    module docstring), so the answer is final. OutcomeUnknown when MySQL cannot be asked.
+    still committing holds that lock until it is done (every writer takes it before it inserts
+    a detail, so before it commits; see the module docstring), so the answer is final.
+    OutcomeUnknown when MySQL cannot be asked.
     """
     if connection.in_atomic_block:
         raise OutcomeUnknown("a grab's write failed inside an outer transaction")
@@ -328,8 +329,9 @@ def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
     `write_grabs`): for pre-split packets one claim of them all, first, before the activity row
     (the lock order above: the row is held for the rest only); then the surplus once and the
     grab rows in one INSERT. False when a packet was not available (nothing decremented; the
-    caller's transaction must then roll back). Call it inside a transaction, the activity row
-    not yet held by it. The
+    caller's transaction must then roll back). Call it inside a transaction; the request-time
+    batches call it before their transaction holds the activity row (the persister's holds it
+    already). The
     same statements as `record_grabs_raw` (the `*_sql` functions), here through the service's
     connection, where the surplus decrement also starts the row-lock hold's clock (holds.py)."""
     claims = [row for row in rows if row.packet_id is not None]
@@ -430,7 +432,8 @@ def claim_packet(*, packet_id: int, user_id: int, version: int | None = None) ->
     """Mark a pre-split packet taken if it is still available (and, when given, still at
     `version` since it was read). On MySQL one raw UPDATE; elsewhere the ORM's.
 
-    Call it only while holding the activity row exclusively (see the module docstring).
+    It takes no lock on the activity row (the module docstring); the preallocating strategies
+    call it under that row's lock, after their checks of the activity (preallocated.py).
     """
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:

@@ -8,7 +8,12 @@ claiming a packet (its status changes) took a shared lock on the activity row. W
 can claim its packets before it takes the row (strategies/steps.py, "Lock order").
 
 On MySQL the key is dropped and added again after the new index, so that it takes it; elsewhere
-the index is only added.
+the index is only added. On a large t_redpack, run it at a quiet moment: rebuilding the
+(activity_id, status) index takes a while, and the table is without its key meanwhile.
+
+Reversing it leaves the key on (activity_id, status) again, where a claim locks the activity row
+shared: the code from this migration on (steps.record_grabs claims before it takes the row)
+then deadlocks concurrent batches, so reverse it only together with that code.
 """
 
 from django.db import migrations, models
@@ -18,11 +23,8 @@ BY_ACTIVITY = models.Index(fields=["activity"], name="packet_activity")
 BY_STATUS = models.Index(fields=["activity", "status"], name="packet_activity_status")
 
 
-def _activity_key(schema_editor) -> str | None:
+def _activity_key(constraints) -> str | None:
     """The name of t_redpack's foreign key to t_redpack_activity, if it has one."""
-    connection = schema_editor.connection
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, TABLE)
     for name, constraint in constraints.items():
         target = constraint["foreign_key"]
         if target and target[0] == "t_redpack_activity":
@@ -32,26 +34,40 @@ def _activity_key(schema_editor) -> str | None:
 
 def forwards(apps, schema_editor):
     Packet = apps.get_model("redpack", "Packet")
-    if schema_editor.connection.vendor != "mysql":
+    connection = schema_editor.connection
+    if connection.vendor != "mysql":
         schema_editor.add_index(Packet, BY_ACTIVITY)
         return
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, TABLE)
+    found = _activity_key(constraints)
+    # The key's name as Django gives it, when a run cut short left the table without it.
+    key = found or schema_editor._create_index_name(
+        TABLE, ["activity_id"], suffix="_fk_t_redpack_activity_id"
+    )
     quote = schema_editor.quote_name
-    key = _activity_key(schema_editor)
-    # Plain statements: the schema editor's remove_index would add an index for the key first.
-    statements = [f"DROP INDEX {quote(BY_STATUS.name)}"]
-    if key is not None:
-        statements.insert(0, f"DROP FOREIGN KEY {quote(key)}")
-    statements += [
-        f"ADD INDEX {quote(BY_ACTIVITY.name)} (activity_id)",
-        f"ADD INDEX {quote(BY_STATUS.name)} (activity_id, status)",
-    ]
-    if key is not None:
-        statements.append(
-            f"ADD CONSTRAINT {quote(key)}"
-            " FOREIGN KEY (activity_id) REFERENCES t_redpack_activity (id)"
-        )
+    # Plain statements, each only if still needed, so that a run cut short can run again (the
+    # schema editor's remove_index would add an index for the key first).
+    statements = []
+    if found is not None:
+        statements.append(f"DROP FOREIGN KEY {quote(key)}")
+    if BY_STATUS.name in constraints:
+        statements.append(f"DROP INDEX {quote(BY_STATUS.name)}")
+    if BY_ACTIVITY.name not in constraints:
+        statements.append(f"ADD INDEX {quote(BY_ACTIVITY.name)} (activity_id)")
+    statements.append(f"ADD INDEX {quote(BY_STATUS.name)} (activity_id, status)")
     for statement in statements:  # one by one: the indexes in this order, then the key
         schema_editor.execute(f"ALTER TABLE {quote(TABLE)} {statement}")
+    # The rows were checked against the key until a moment ago: adding it back unchecked lets
+    # MariaDB add it in place, instead of copying the whole table.
+    schema_editor.execute("SET SESSION foreign_key_checks = 0")
+    try:
+        schema_editor.execute(
+            f"ALTER TABLE {quote(TABLE)} ADD CONSTRAINT {quote(key)}"
+            " FOREIGN KEY (activity_id) REFERENCES t_redpack_activity (id)"
+        )
+    finally:
+        schema_editor.execute("SET SESSION foreign_key_checks = 1")
 
 
 def backwards(apps, schema_editor):
@@ -60,7 +76,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("redpack", "0005_shards"),
     ]

@@ -54,8 +54,9 @@ class Won:
 
 
 def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exception]:
-    """Group commit: the grabs of one script run in one transaction (the surplus once, one
-    multi-row INSERT, one UPDATE of their packets), one answer per grab, in order.
+    """Group commit: the grabs of one script run in one transaction (one UPDATE claiming their
+    packets, the surplus once, one multi-row INSERT: steps.record_grabs), one answer per grab,
+    in order.
 
     One transaction, so after a failure either every row exists or none does. Whatever the
     failure (a duplicate MySQL knew of, a packet MySQL does not hold, a dropped connection,
@@ -144,9 +145,12 @@ def write_grab(
         # The claim comes first (steps.record_grabs): a packet taken may be this very grab,
         # written by an earlier attempt (a batch whose COMMIT reply was lost, another attempt
         # that took the mark over). Then it is this one's, as after a duplicate row below.
-        if held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id) == this_grab:
+        held = held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
+        if held == this_grab:
             return won
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
+        if held is not None:  # MySQL holds another grab of this user: that one is the answer
+            return GrabResult(Outcome.ALREADY_GRABBED, held.cents)
         logger.warning(
             "activity %s: packet %s was in Redis but is not available in MySQL; "
             "run `manage.py redis_rebuild --activity %s`",

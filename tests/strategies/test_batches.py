@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django_redis import get_redis_connection
 from redis.exceptions import ResponseError
 
@@ -259,12 +259,21 @@ def test_a_grab_committed_between_a_batchs_lookup_and_its_row_lock_is_not_given_
 
     def lookup_then_another_process_grabs(**kwargs):  # type: ignore[no-untyped-def]
         held = looked_up(**kwargs)
-        # Another connection (another process, as far as MySQL knows) grabs for `first` now.
+        if elsewhere:  # the batch's second run looks up under the lock: nothing more
+            return held
+        # Another connection (another process, as far as MySQL knows) grabs for `first` now;
+        # were the lookup made under the row lock, it would wait 2 s for it and fail.
         with ThreadPoolExecutor(1) as other:
-            elsewhere.append(
-                other.submit(run_batch, "group_commit", activity.pk, [first.pk]).result()
-            )
+            elsewhere.append(other.submit(grab_elsewhere).result())
         return held
+
+    def grab_elsewhere() -> list[object]:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
+            return run_batch("group_commit", activity.pk, [first.pk])
+        finally:
+            connection.close()
 
     monkeypatch.setattr(group_commit, "held_marks", lookup_then_another_process_grabs)
     answers = run_batch("group_commit", activity.pk, [first.pk, second.pk])
@@ -274,3 +283,32 @@ def test_a_grab_committed_between_a_batchs_lookup_and_its_row_lock_is_not_given_
     assert isinstance(answers[1], GrabResult) and answers[1].outcome is Outcome.GRABBED
     assert rows_of(activity) == {first.pk: earlier.amount_cents, second.pk: answers[1].amount_cents}
     assert_consistent(activity)
+
+
+def test_a_user_mysql_knows_whose_popped_packet_is_taken_hears_already_grabbed(make_users, sender):
+    """Redis lost what MySQL holds: the user already has a grab in MySQL, and the packet Redis
+    pops for them is taken in MySQL too. The claim comes first, finds the packet taken, and the
+    answer is the grab MySQL holds; the packet is not put back."""
+    from redpack.models import Packet, PacketStatus
+    from strategies.redis_state.keys import parse_mark
+    from strategies.steps import GrabRow, record_grabs
+
+    activity = send(sender, "redis_queue")
+    user, other = make_users(2)
+    redis = get_redis_connection("default")
+    packets_key = Keys(activity.pk).ordered()[3]
+    queued = [parse_mark(m.decode()) for m in redis.lrange(packets_key, 0, -1)]
+    (first_cents, first_packet), (held_cents, held_packet) = queued[0], queued[-1]
+    with transaction.atomic():  # MySQL only: the user's grab, and the next packet taken
+        assert record_grabs(
+            activity_id=activity.pk,
+            rows=[
+                GrabRow(user.pk, held_cents, held_packet),
+                GrabRow(other.pk, first_cents, first_packet),
+            ],
+        )
+    (answer,) = run_batch("redis_queue", activity.pk, [user.pk])
+    assert answer == GrabResult(Outcome.ALREADY_GRABBED, held_cents)
+    assert Packet.objects.get(pk=first_packet).status == PacketStatus.TAKEN
+    assert parse_mark(redis.lrange(packets_key, 0, 0)[0].decode()) != (first_cents, first_packet)
+    assert rows_of(activity) == {user.pk: held_cents, other.pk: first_cents}

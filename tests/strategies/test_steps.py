@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from redpack import services
 from redpack.models import GrabDetail, Packet, PacketStatus
 from redpack.money import sql_decimal, to_cents
+from strategies import steps
 from strategies.steps import GrabRow, claim_packets, insert_grab_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,15 +109,26 @@ def _activity_row_is_free(activity_id: int) -> bool:
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's foreign key locks")
-def test_a_claim_leaves_the_activity_row_free_and_a_detail_row_does_not(make_users, sender):
-    """The lock order record_grabs relies on (steps.py): a batch claims its packets before it
-    takes the activity's row, so two batches' claims never hold the row shared. Inserting a
-    detail row does take it shared (its foreign key), which is why that comes after."""
+def test_a_batch_claims_its_packets_before_it_takes_the_activity_row(
+    make_users, sender, monkeypatch
+):
+    """The lock order record_grabs relies on (steps.py): it claims the batch's packets first,
+    and the claim leaves the activity row free, so two batches' claims never hold it shared;
+    then the decrement takes the row (and the details' insert, whose foreign key would take it
+    shared, comes after that)."""
     activity, packets = packets_of(sender, 2)
     users = make_users(2)
     rows = [GrabRow(u.pk, to_cents(p.amount), p.pk) for u, p in zip(users, packets, strict=True)]
+    seen: list[tuple[bool, set[int]]] = []
+    decrement = steps.take_from_surplus
+
+    def look_then_decrement(**kwargs):  # type: ignore[no-untyped-def]
+        claimed = Packet.objects.filter(activity=activity, status=PacketStatus.TAKEN)
+        seen.append((_activity_row_is_free(activity.pk), set(claimed.values_list("pk", flat=True))))
+        return decrement(**kwargs)
+
+    monkeypatch.setattr(steps, "take_from_surplus", look_then_decrement)
     with transaction.atomic():
-        assert claim_packets(activity_id=activity.pk, rows=rows)
-        assert _activity_row_is_free(activity.pk)
-        insert_grab_rows(activity_id=activity.pk, rows=rows)
+        assert steps.record_grabs(activity_id=activity.pk, rows=rows)
         assert not _activity_row_is_free(activity.pk)
+    assert seen == [(True, {p.pk for p in packets})]
