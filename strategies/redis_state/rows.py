@@ -141,13 +141,18 @@ def write_grab(
         with grab_transaction(turn=activity_id):
             if not record_grabs(activity_id=activity_id, rows=[this_grab]):
                 raise PacketTaken(packet_id)
-    except PacketTaken:
-        # The claim comes first (steps.record_grabs): a packet taken may be this very grab,
-        # written by an earlier attempt (a batch whose COMMIT reply was lost, another attempt
-        # that took the mark over). Then it is this one's, as after a duplicate row below.
+    except (PacketTaken, IntegrityError) as exc:
         held = held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
         if held == this_grab:
+            # Another attempt of this user wrote this very grab (a batch whose COMMIT reply was
+            # lost, an attempt that took the mark over, or one this attempt took it over from):
+            # one row, and it is this one. The claim comes first (steps.record_grabs), so such a
+            # row shows as a taken packet or, for a drawn amount, as a duplicate row.
             return won
+        if isinstance(exc, IntegrityError):
+            release(activity_id, user_id, mark_text, epoch, attempt, restore=True)
+            # MySQL knew of this user's grab although Redis did not, or the user is gone.
+            return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
         release(activity_id, user_id, mark_text, epoch, attempt, restore=False)
         if held is not None:  # MySQL holds another grab of this user: that one is the answer
             return GrabResult(Outcome.ALREADY_GRABBED, held.cents)
@@ -159,15 +164,6 @@ def write_grab(
             activity_id,
         )
         return GrabResult(Outcome.CONTENDED)
-    except IntegrityError as exc:
-        held = held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
-        if held == this_grab:
-            # Another attempt of this user wrote this very grab (it took the mark over, or it
-            # made it and this one took it over): one row, and it is this one.
-            return won
-        release(activity_id, user_id, mark_text, epoch, attempt, restore=True)
-        # MySQL knew of this user's grab although Redis did not, or the user is gone.
-        return after_duplicate(activity_id=activity_id, user_id=user_id, error=exc)
     except Exception as exc:
         return after_failed_write(activity_id, this_grab, mark_text, epoch, attempt, exc, won)
     return won

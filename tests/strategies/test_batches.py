@@ -249,7 +249,7 @@ def test_a_grab_committed_between_a_batchs_lookup_and_its_row_lock_is_not_given_
 ):
     """group_commit looks its members' grabs up before it locks the activity row: a grab of one
     of them that another process commits in between is caught by UNIQUE (activity, user), and
-    each member is then answered on its own, under the lock."""
+    the batch runs once more, its lookup made under the lock."""
     from strategies import group_commit
 
     activity = send(sender, "group_commit")
