@@ -24,6 +24,7 @@ from . import (
     validation,
 )
 from .errors import NotFound, RedpackError
+from .hotsettings import hot
 from .models import Activity
 from .money import from_cents
 
@@ -161,7 +162,8 @@ def _grab(
         return known
     strategy = registry.get(strategy_name)
     ids = {"activity": activity_id, "user": user_id}
-    with shedding.place(activity_id, bounded=bounded) as placed:
+    line = getattr(hot, strategy.line_setting)
+    with shedding.place(activity_id, bounded=bounded, line=line) as placed:
         if not placed:
             return GrabResult(Outcome.CONTENDED, reason="shed")
         try:

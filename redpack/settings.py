@@ -381,6 +381,8 @@ REDPACK_FINISHED_MAX_HOLDERS = env.int("REDPACK_FINISHED_MAX_HOLDERS", default=2
 # Load shedding (redpack/shedding.py): grabs of one activity under way in one process at most;
 # one more is answered 409 contended (reason shed) with Retry-After.
 REDPACK_GRAB_LINE = env.int("REDPACK_GRAB_LINE", default=2 * REDPACK_BATCH_MAX)
+# `optimistic`'s line: one grab of an activity tries at a time per web process (docs/benchmarks.md).
+REDPACK_OPTIMISTIC_LINE = env.int("REDPACK_OPTIMISTIC_LINE", default=1)
 REDPACK_SHED_RETRY_AFTER = env.int("REDPACK_SHED_RETRY_AFTER", default=1)
 # Written by `make run` (redpack/launch.py) into .run/run.env: the Locust UI's URL, linked from
 # the landing page (empty: no link), and what runs embedded (SQLite, embedded Redis), shown as a

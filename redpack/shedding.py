@@ -1,6 +1,7 @@
 """Load shedding: a bounded waiting line per activity in each process.
 
-A grab request that finds REDPACK_GRAB_LINE grabs of the same activity already under way in its
+A grab request that finds its strategy's line (REDPACK_GRAB_LINE; REDPACK_OPTIMISTIC_LINE for
+`optimistic`, GrabStrategy.line_setting) of grabs of the same activity already under way in its
 web process is answered at once `contended` (409, reason `shed`, with Retry-After) instead of
 queueing behind them: on a hot activity those grabs wait on one row lock or one batch, and a request
 stuck behind them holds a web thread (and, for the MySQL strategies, a connection) that the
@@ -26,16 +27,17 @@ class place:  # noqa: N801 - used as a function, like transaction.atomic
     tests' own threads drive the service unbounded, but still count in the line). A class, not
     a generator: it is on every grab's path."""
 
-    __slots__ = ("activity_id", "bounded", "placed")
+    __slots__ = ("activity_id", "bounded", "line", "placed")
 
-    def __init__(self, activity_id: int, *, bounded: bool = True) -> None:
+    def __init__(self, activity_id: int, *, bounded: bool = True, line: int | None = None) -> None:
         self.activity_id = activity_id
         self.bounded = bounded
+        self.line = hot.REDPACK_GRAB_LINE if line is None else line
 
     def __enter__(self) -> bool:
         with _lock:
             waiting = _in_line.get(self.activity_id, 0)
-            self.placed = not (self.bounded and waiting >= hot.REDPACK_GRAB_LINE)
+            self.placed = not (self.bounded and waiting >= self.line)
             if self.placed:
                 _in_line[self.activity_id] = waiting + 1
         return self.placed

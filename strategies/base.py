@@ -109,6 +109,9 @@ class GrabStrategy:
     # Needs Redis to grab (its state or a lock); False: MySQL alone decides (the report's
     # "MySQL only" recommendation).
     uses_redis: ClassVar[bool] = False
+    # The setting that bounds this strategy's line of grabs per activity in a web process
+    # (redpack/shedding.py): one more is answered `contended` (shed) at once.
+    line_setting: ClassVar[str] = "REDPACK_GRAB_LINE"
     # Optional: raw_grab(cursor, *, activity_id, user_id) -> None (see the module docstring).
     raw_grab: Callable[..., None] | None = None
     # Optional: raw_batch(cursor, *, activity_id, grabs) -> None (see the module docstring).

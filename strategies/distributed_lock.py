@@ -15,9 +15,14 @@ waiting), START TRANSACTION + the same read + UPDATE + INSERT + COMMIT, the rele
 Failure mode: throughput is one lock hand-off per grab, and redis-py's Lock polls (no queue,
 no fairness), so waiters burn round trips and one who waits longer than REDPACK_LOCK_WAIT is
 turned away with `contended` while packets remain.
+In one process, a grab waits for the activity's turn (turns.py) before it asks for the lock:
+one thread per process polls Redis, the others sleep on a Python lock and the next one asks as
+soon as the holder lets go, instead of at its next poll; the turn and the lock share one
+REDPACK_LOCK_WAIT (docs/benchmarks.md, "A turn in front of the Redis lock").
 """
 
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -30,6 +35,7 @@ from redpack import allocation, shards
 from redpack.models import Activity
 from redpack.money import to_cents
 
+from . import turns
 from .base import CloseResult, GrabResult, GrabStrategy, Outcome
 from .steps import (
     GrabRow,
@@ -78,13 +84,18 @@ class DistributedLockStrategy(GrabStrategy):
         answer = refusal(activity, user_id=None, held=held)
         if answer is not None:
             return answer
-        lock = activity_lock(activity_id, wait=settings.REDPACK_LOCK_WAIT)
-        if not lock.acquire():
-            return GrabResult(Outcome.CONTENDED)
+        give_up = time.monotonic() + settings.REDPACK_LOCK_WAIT
         try:
-            return self._grab_locked(activity_id=activity_id, user_id=user_id)
-        finally:
-            _release(lock)
+            with turns.turn(activity_id, wait=settings.REDPACK_LOCK_WAIT):
+                lock = activity_lock(activity_id, wait=max(0.0, give_up - time.monotonic()))
+                if not lock.acquire():
+                    return GrabResult(Outcome.CONTENDED)
+                try:
+                    return self._grab_locked(activity_id=activity_id, user_id=user_id)
+                finally:
+                    _release(lock)
+        except turns.NoTurn:
+            return GrabResult(Outcome.CONTENDED)
 
     def _grab_locked(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:

@@ -1,5 +1,6 @@
 """One transaction at a time per activity in this process, for the seeds' one-grab strategies
-whose transaction holds the activity's row lock (`grab_transaction(turn=activity_id)`).
+whose transaction holds the activity's row lock (`grab_transaction(turn=activity_id)`), and
+one waiter per process for distributed_lock's Redis lock.
 
 InnoDB hands an activity's row lock to one transaction at a time. When every thread of a
 process sends its transaction at once, the holder needs the GIL back after each statement and
@@ -11,9 +12,9 @@ process (web worker, bench process) keeps a transaction of its own waiting on th
 
 Keys are independent: a grab never waits on another activity's turn. A turn is reentrant (a
 thread that holds it may open another transaction of the same activity inside). A wait longer
-than WAIT_SECONDS raises NoTurn, an OperationalError with MySQL's lock wait timeout code
-(1205), before any statement was sent: callers that know nothing was sent answer at once, the
-others handle it as they handle InnoDB's own timeout.
+than the turn's `wait` (WAIT_SECONDS unless given) raises NoTurn, an OperationalError with
+MySQL's lock wait timeout code (1205), before any statement was sent: callers that know
+nothing was sent answer at once, the others handle it as they handle InnoDB's own timeout.
 """
 
 import threading
@@ -27,7 +28,7 @@ LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
 
 
 class NoTurn(OperationalError):
-    """The turn was not had within WAIT_SECONDS: nothing was sent to MySQL."""
+    """The turn was not had within its wait: nothing was sent to MySQL."""
 
 
 _guard = threading.Lock()
@@ -45,10 +46,11 @@ class _Turn:
 class turn:  # noqa: N801 - used as a function, like transaction.atomic
     """Hold `key`'s turn in this process for the block (a class: it is on every grab's path)."""
 
-    __slots__ = ("key", "entry")
+    __slots__ = ("key", "wait", "entry")
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: Hashable, *, wait: float | None = None) -> None:
         self.key = key
+        self.wait = wait
 
     def __enter__(self) -> None:
         with _guard:
@@ -58,7 +60,7 @@ class turn:  # noqa: N801 - used as a function, like transaction.atomic
             entry.users += 1
         acquired = False
         try:
-            acquired = entry.lock.acquire(timeout=WAIT_SECONDS)
+            acquired = entry.lock.acquire(timeout=WAIT_SECONDS if self.wait is None else self.wait)
             if not acquired:
                 raise NoTurn(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
             self.entry = entry

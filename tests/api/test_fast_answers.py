@@ -15,7 +15,7 @@ from redis.connection import AbstractConnection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import finished, ratelimit, services
+from redpack import finished, ratelimit, services, shedding
 from strategies.base import GrabResult, Outcome
 from tests.dummy_strategies import DUMMIES, HeldStrategy
 
@@ -174,6 +174,22 @@ def test_a_full_line_is_answered_at_once_409_shed_and_other_activities_are_not(m
     assert shed.json() == {"outcome": "contended", "reason": "shed"}
     assert shed["Retry-After"] == str(settings.REDPACK_SHED_RETRY_AFTER)
     assert elsewhere.json()["outcome"] == "grabbed"
+
+
+def test_optimistic_lets_one_grab_per_activity_try_at_a_time_in_a_web_process(make_users, sender):
+    """Its line is REDPACK_OPTIMISTIC_LINE (1): with one grab of the activity under way in this
+    process, the next web request is shed at once, a pessimistic activity's is not; once the
+    first is done the next one grabs."""
+    users = make_users(3)
+    optimistic, pessimistic = send(sender, "optimistic"), send(sender, "pessimistic")
+    with shedding.place(optimistic, bounded=False), shedding.place(pessimistic, bounded=False):
+        shed = client_of(users[0]).post(f"/api/activities/{optimistic}/grab/")
+        other = client_of(users[1]).post(f"/api/activities/{pessimistic}/grab/")
+    assert shed.status_code == 409
+    assert shed.json() == {"outcome": "contended", "reason": "shed"}
+    assert other.json()["outcome"] == "grabbed"
+    after = client_of(users[0]).post(f"/api/activities/{optimistic}/grab/")
+    assert after.json()["outcome"] == "grabbed"
 
 
 def test_a_late_sold_out_never_replaces_closed(make_users, sender):

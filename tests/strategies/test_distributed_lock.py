@@ -14,6 +14,7 @@ from django_redis import get_redis_connection
 from redpack import services
 from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail
+from strategies import turns
 from strategies.base import GrabResult, Outcome
 from strategies.distributed_lock import LOCK_POLL_SECONDS, activity_lock, lock_key
 
@@ -113,4 +114,37 @@ def test_a_write_whose_lock_expired_before_commit_is_fenced_off(make_users, send
     activity.refresh_from_db()
     assert not GrabDetail.objects.filter(activity=activity).exists()
     assert (activity.surplus_count, activity.surplus_amount) == (5, Decimal("10.00"))
+    assert audit_activity(activity).ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grab_waits_for_its_process_turn_before_the_lock_within_the_same_wait(make_users, sender):
+    """Another grab of this process holds the activity's turn (it is polling for or holding
+    the Redis lock): this one sleeps on the turn, never asks Redis, and gives up `contended`
+    when REDPACK_LOCK_WAIT has passed; once the turn is free it grabs."""
+    user = make_users(1)[0]
+    activity = send(sender.pk)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with turns.turn(activity.pk):
+            inside.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(30)
+        with override_settings(REDPACK_LOCK_WAIT=0.2):
+            answer = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+        assert answer == GrabResult(Outcome.CONTENDED)
+        assert not get_redis_connection("default").exists(lock_key(activity.pk))
+    finally:
+        release.set()
+        holder.join(30)
+    assert not GrabDetail.objects.filter(activity=activity).exists()
+    assert (
+        services.activity_grab(activity_id=activity.pk, user_id=user.pk).outcome is Outcome.GRABBED
+    )
+    activity.refresh_from_db()
     assert audit_activity(activity).ok
