@@ -1,21 +1,20 @@
 """Load shedding: a bounded waiting line per activity in each process.
 
-A grab request that finds its strategy's line (REDPACK_GRAB_LINE; REDPACK_OPTIMISTIC_LINE for
-`optimistic`, GrabStrategy.line_setting) of grabs of the same activity already under way in its
-web process is answered at once `contended` (409, reason `shed`, with Retry-After) instead of
-queueing behind them: on a hot activity those grabs wait on one row lock or one batch, and a request
-stuck behind them holds a web thread (and, for the MySQL strategies, a connection) that the
-fast answers of every other request need. Other activities are never shed by this one's line.
+A grab request that finds its strategy's line (the setting GrabStrategy.line_setting names) of
+grabs of the same activity already under way in its web process is answered at once
+`contended` (409, reason `shed`, with Retry-After) instead of queueing behind them: on a hot
+activity those grabs wait on one row lock or one batch, and a request stuck behind them holds
+a web thread (and, for the MySQL strategies, a connection) that the fast answers of every other
+request need. Other activities are never shed by this one's line.
 
 A batch (strategies/combiner.py) counts as the grabs in it, so the bound must leave room for
-a full one: the default is 2 × REDPACK_BATCH_MAX, above the web threads of a process as `make
-run` starts it (32), so that only a server run with more threads than that ever sheds. See
-docs/operations.md for the measurement behind it.
+a full one: the default (REDPACK_GRAB_LINE) is 2 × REDPACK_BATCH_MAX, above the web threads
+of a process as `make run` starts it (32), so that only a server run with more threads than
+that ever sheds (`optimistic`'s own line is 1). See docs/operations.md for the measurement
+behind it.
 """
 
 import threading
-
-from .hotsettings import hot
 
 _lock = threading.Lock()
 _in_line: dict[int, int] = {}  # activity id -> grabs under way in this process
@@ -29,10 +28,10 @@ class place:  # noqa: N801 - used as a function, like transaction.atomic
 
     __slots__ = ("activity_id", "bounded", "line", "placed")
 
-    def __init__(self, activity_id: int, *, bounded: bool = True, line: int | None = None) -> None:
+    def __init__(self, activity_id: int, *, line: int, bounded: bool = True) -> None:
         self.activity_id = activity_id
         self.bounded = bounded
-        self.line = hot.REDPACK_GRAB_LINE if line is None else line
+        self.line = line
 
     def __enter__(self) -> bool:
         with _lock:

@@ -18,7 +18,10 @@ turned away with `contended` while packets remain.
 In one process, a grab waits for the activity's turn (turns.py) before it asks for the lock:
 one thread per process polls Redis, the others sleep on a Python lock and the next one asks as
 soon as the holder lets go, instead of at its next poll; the turn and the lock share one
-REDPACK_LOCK_WAIT (docs/benchmarks.md, "A turn in front of the Redis lock").
+REDPACK_LOCK_WAIT (docs/benchmarks.md, "A turn in front of the Redis lock"). The price is
+fairness between processes: the process that held the lock asks again at once, the others at
+their next poll, so under sustained load one web process can keep the lock while another's
+grabs (and a close, which takes no turn) wait out their time.
 """
 
 import logging
@@ -32,6 +35,7 @@ from redis.exceptions import LockNotOwnedError
 from redis.lock import Lock
 
 from redpack import allocation, shards
+from redpack.hotsettings import hot
 from redpack.models import Activity
 from redpack.money import to_cents
 
@@ -84,18 +88,18 @@ class DistributedLockStrategy(GrabStrategy):
         answer = refusal(activity, user_id=None, held=held)
         if answer is not None:
             return answer
-        give_up = time.monotonic() + settings.REDPACK_LOCK_WAIT
-        try:
-            with turns.turn(activity_id, wait=settings.REDPACK_LOCK_WAIT):
-                lock = activity_lock(activity_id, wait=max(0.0, give_up - time.monotonic()))
-                if not lock.acquire():
-                    return GrabResult(Outcome.CONTENDED)
-                try:
-                    return self._grab_locked(activity_id=activity_id, user_id=user_id)
-                finally:
-                    _release(lock)
-        except turns.NoTurn:
-            return GrabResult(Outcome.CONTENDED)
+        # Outermost on the hot path, so the turn is never taken inside a transaction; a turn
+        # not had in time raises NoTurn, answered `contended` as InnoDB's lock wait timeout is.
+        wait = hot.REDPACK_LOCK_WAIT
+        give_up = time.monotonic() + wait
+        with turns.turn(activity_id, wait=wait):
+            lock = activity_lock(activity_id, wait=max(0.0, give_up - time.monotonic()))
+            if not lock.acquire():
+                return GrabResult(Outcome.CONTENDED)
+            try:
+                return self._grab_locked(activity_id=activity_id, user_id=user_id)
+            finally:
+                _release(lock)
 
     def _grab_locked(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:

@@ -32,9 +32,9 @@ class OptimisticStrategy(GrabStrategy):
     name = "optimistic"
     label = "version compare-and-set"
     tradeoff = "No lock held while computing; losers of a race retry, then answer contended."
-    # Every attempt beyond the first on one version is a lost race: a web process lets one
-    # grab of an activity try at a time and sheds the others at once (docs/benchmarks.md,
-    # "A line of one for optimistic").
+    # Two attempts of one process on one version: at most one wins, so a web process lets one
+    # grab of an activity try at a time (its backoff sleeps included) and sheds the others at
+    # once, before they read anything (docs/benchmarks.md, "A line of one for optimistic").
     line_setting = "REDPACK_OPTIMISTIC_LINE"
 
     def prepare(self, activity: Activity) -> None:

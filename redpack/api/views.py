@@ -121,7 +121,8 @@ class GrabView(GatedView):
             409: OpenApiResponse(
                 GrabResultSerializer,
                 "contended: nothing this time, packets may remain; retry (after Retry-After "
-                "seconds when `reason` is `shed`: the activity's line in this server was full).",
+                "seconds when `reason` is `shed`: the activity's line in this server was full; "
+                "a shed answer says nothing of an earlier grab, the retry does).",
             ),
         },
     )
