@@ -331,9 +331,9 @@ def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
     grab rows in one INSERT. False when a packet was not available (nothing decremented; the
     caller's transaction must then roll back). Call it inside a transaction; the request-time
     batches call it before their transaction holds the activity row (the persister's holds it
-    already). The
-    same statements as `record_grabs_raw` (the `*_sql` functions), here through the service's
-    connection, where the surplus decrement also starts the row-lock hold's clock (holds.py)."""
+    already). The same statements as `record_grabs_raw` (the `*_sql` functions), here through
+    the service's connection, where the surplus decrement also starts the row-lock hold's
+    clock (holds.py)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims and not claim_packets(activity_id=activity_id, rows=claims):
         return False
