@@ -112,6 +112,9 @@ class GrabStrategy:
     # The setting that bounds this strategy's line of grabs per activity in a web process
     # (redpack/shedding.py): one more is answered `contended` (shed) at once.
     line_setting: ClassVar[str] = "REDPACK_GRAB_LINE"
+    # Combines concurrent grabs of an activity in a process into one batch (combiner.py): its
+    # batches grow with the grabs in flight per process (the lab runs it with more of them).
+    batched: ClassVar[bool] = False
     # Optional: raw_grab(cursor, *, activity_id, user_id) -> None (see the module docstring).
     raw_grab: Callable[..., None] | None = None
     # Optional: raw_batch(cursor, *, activity_id, grabs) -> None (see the module docstring).

@@ -61,6 +61,7 @@ class GroupCommitStrategy(GrabStrategy):
         "MySQL only and exact; concurrent grabs share one transaction, so the hot row is "
         "locked once per batch instead of once per grab."
     )
+    batched = True
 
     @cached_property
     def combiner(self) -> Combiner[int, GrabResult]:

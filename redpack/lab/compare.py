@@ -44,6 +44,13 @@ CREDIT_DEFERRED_SECONDS = 7 * 24 * 3600  # the lab's beat never starts crediting
 class CompareConfig:
     strategies: list[str] = field(default_factory=list)  # empty: every registered strategy
     concurrency: int = 64
+    # The bench's grabs in flight for a strategy that combines them (GrabStrategy.batched): a
+    # process's batch holds about half its threads (the other half gathers meanwhile), so at
+    # 64 over two processes a batch is 16 grabs, half the raw batched ceiling's 32; at 128 it
+    # is 32, the ceiling's own size. A bench thread holds a MySQL connection: 128 of
+    # MariaDB's default 151, which is why every bench runs before the first HTTP run (the web
+    # server's threads keep theirs).
+    batched_concurrency: int = 128
     bench_processes: int = DEFAULT_PROCESSES  # one per core (bench.py)
     hot_users: int = 10_000
     hot_packets: int = 100
@@ -68,6 +75,11 @@ class CompareConfig:
     out_dir: Path = BASE_DIR / "reports"
     work_dir: Path = BASE_DIR / "reports" / "logs"
     command: str = "manage.py compare"
+
+
+def bench_concurrency(config: CompareConfig, name: str) -> int:
+    """The grabs in flight of a strategy's hot and throughput bench runs."""
+    return config.batched_concurrency if registry.get(name).batched else config.concurrency
 
 
 def backlog_before() -> str | None:
@@ -225,32 +237,41 @@ class Compare:
                 self._start_celery()
             if not config.skip_locust:
                 self._measure_web_ceiling()
-            for name in self.names:
-                if not config.skip_bench:
-                    self._bench(name, "bench hot", config.hot_packets, config.hot_users)
+            for name in [] if config.skip_bench else self.names:
+                in_flight = bench_concurrency(config, name)
+                self._bench(
+                    name, "bench hot", config.hot_packets, config.hot_users, concurrency=in_flight
+                )
+                self._bench(
+                    name,
+                    "bench throughput",
+                    config.throughput_packets,
+                    config.throughput_users,
+                    concurrency=in_flight,
+                )
+                if config.lone_grabs:
                     self._bench(
-                        name, "bench throughput", config.throughput_packets, config.throughput_users
+                        name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
                     )
-                    if config.lone_grabs:
-                        self._bench(
-                            name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
-                        )
-                if not config.skip_locust:
-                    # The timed runs first, then the bursts: for seconds after a burst of
-                    # 10,000 connections the server is still closing them, and the 64 that a
-                    # timed run then opens at once can all land on one gunicorn worker
-                    # (measured: 1,080 grabs/s before a burst, 600 right after it, 1,084 after
-                    # 15 s; thousands of sockets in CLOSE-WAIT for over 10 s), which would
-                    # measure the burst's wake.
-                    self._locust(name, "throughput")
-                    if wrk.available():
-                        self._wrk(name, "throughput")
-                    self._locust(name, "hot")
-                    if wrk.available():
-                        self._wrk(name, "hot")
+            for name in [] if config.skip_locust else self.names:
+                # The timed runs first, then the bursts: for seconds after a burst of
+                # 10,000 connections the server is still closing them, and the 64 that a
+                # timed run then opens at once can all land on one gunicorn worker
+                # (measured: 1,080 grabs/s before a burst, 600 right after it, 1,084 after
+                # 15 s; thousands of sockets in CLOSE-WAIT for over 10 s), which would
+                # measure the burst's wake.
+                self._locust(name, "throughput")
+                if wrk.available():
+                    self._wrk(name, "throughput")
+                self._locust(name, "hot")
+                if wrk.available():
+                    self._wrk(name, "hot")
         finally:
             for service in reversed(self.services):
                 service.stop()
+        # Each strategy's rows together, in the order they ran (every bench before any HTTP run).
+        order = {name: index for index, name in enumerate(self.names)}
+        self.results.sort(key=lambda row: order.get(row["strategy"], len(order)))
         books = self._credit_grabs()
         assign_ceilings(self.results, self.ceilings)
         self._write(load_before, time.monotonic() - started, books)
@@ -640,6 +661,7 @@ class Compare:
             "cpus": cpus,
             "load_before": load_before,
             "concurrency": c.concurrency,
+            "batched_concurrency": c.batched_concurrency,
             "seconds": round(seconds, 1),
             "settings": [f"{k} = {_relative(v)}" for k, v in asdict(c).items() if k != "command"],
             "books": books,

@@ -68,7 +68,7 @@ class RedisStateStrategy(GrabStrategy):
     uses_redis = True
     # How lua/grab.lua takes a packet: "pop" a pre-split one, or "draw" the amount.
     takes: ClassVar[str] = "pop"
-    batched: ClassVar[bool] = True  # False: one grab per round trip (the seeds' way)
+    batched = True  # False: one grab per round trip (the seeds' way)
     # A mark in Redis is a final grab (redis_queue_async: it is in the persist stream), so
     # `already_grabbed` is answered from it; else only once MySQL holds the row.
     marks_are_final: ClassVar[bool] = False

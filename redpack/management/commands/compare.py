@@ -24,6 +24,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--strategies", default="", help="Comma-separated (default: all).")
         parser.add_argument("--concurrency", type=int, default=DEFAULTS.concurrency)
+        parser.add_argument(
+            "--batched-concurrency",
+            type=int,
+            default=DEFAULTS.batched_concurrency,
+            help="The bench's grabs in flight for a strategy that combines them (one MySQL "
+            "connection each).",
+        )
         parser.add_argument("--bench-processes", type=int, default=DEFAULTS.bench_processes)
         parser.add_argument("--hot-users", type=int, default=DEFAULTS.hot_users)
         parser.add_argument("--hot-packets", type=int, default=DEFAULTS.hot_packets)
