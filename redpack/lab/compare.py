@@ -71,7 +71,8 @@ class CompareConfig:
     port: int = 8765
     celery: str = "auto"  # auto: when the project defines Celery tasks; on; off
     skip_bench: bool = False
-    skip_locust: bool = False
+    skip_locust: bool = False  # Locust's runs and ping (wrk's still run where wrk is installed)
+    skip_http: bool = False  # no web server: neither Locust's runs nor wrk's
     out_dir: Path = BASE_DIR / "reports"
     work_dir: Path = BASE_DIR / "reports" / "logs"
     command: str = "manage.py compare"
@@ -231,11 +232,11 @@ class Compare:
         self._bench_users()
         self._measure_storage_ceilings()
         try:
-            if not config.skip_locust:
+            if not config.skip_http:
                 self._start_web()
             if self._celery_wanted():
                 self._start_celery()
-            if not config.skip_locust:
+            if not config.skip_http:
                 self._measure_web_ceiling()
             for name in [] if config.skip_bench else self.names:
                 in_flight = bench_concurrency(config, name)
@@ -253,17 +254,19 @@ class Compare:
                     self._bench(
                         name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
                     )
-            for name in [] if config.skip_locust else self.names:
+            for name in [] if config.skip_http else self.names:
                 # The timed runs first, then the bursts: for seconds after a burst of
                 # 10,000 connections the server is still closing them, and the 64 that a
                 # timed run then opens at once can all land on one gunicorn worker
                 # (measured: 1,080 grabs/s before a burst, 600 right after it, 1,084 after
                 # 15 s; thousands of sockets in CLOSE-WAIT for over 10 s), which would
                 # measure the burst's wake.
-                self._locust(name, "throughput")
+                if not config.skip_locust:
+                    self._locust(name, "throughput")
                 if wrk.available():
                     self._wrk(name, "throughput")
-                self._locust(name, "hot")
+                if not config.skip_locust:
+                    self._locust(name, "hot")
                 if wrk.available():
                     self._wrk(name, "hot")
         finally:
@@ -314,7 +317,7 @@ class Compare:
 
     def _bench_users(self) -> None:
         c = self.config
-        count = max(c.hot_users, c.throughput_users, 0 if c.skip_locust else c.http_users)
+        count = max(c.hot_users, c.throughput_users, 0 if c.skip_http else c.http_users)
         self.log(f"bench users: {count}")
         ids, created = bench_users_ensure(count=count)
         self.users_csv = self.config.work_dir / "bench-users.csv"
@@ -410,6 +413,22 @@ class Compare:
 
     def _measure_web_ceiling(self) -> None:
         c = self.config
+        if not c.skip_locust:
+            self._measure_locust_ping()
+        self.log("ceiling: web server, GET /api/ping/ from wrk")
+        kept = ceiling_runs.web_wrk(
+            url=f"{self.host}/api/ping/",
+            authorization=self.sender_token,
+            seconds=c.web_seconds,
+            connections=c.concurrency,
+        )
+        self.ceilings.append(asdict(kept))
+        self.log(f"  {_rate(kept.requests_per_s)} {kept.note}")
+        if wrk.available():
+            self._measure_web_burst()
+
+    def _measure_locust_ping(self) -> None:
+        c = self.config
         self.log("ceiling: web server, GET /api/ping/")
         summary, _, code = self._run_locust(
             "ping", None, users=c.concurrency, seconds=c.web_seconds, extra=[]
@@ -428,17 +447,6 @@ class Compare:
             }
         )
         self.log(f"  {_rate(rate)}")
-        self.log("ceiling: web server, GET /api/ping/ from wrk")
-        kept = ceiling_runs.web_wrk(
-            url=f"{self.host}/api/ping/",
-            authorization=self.sender_token,
-            seconds=c.web_seconds,
-            connections=c.concurrency,
-        )
-        self.ceilings.append(asdict(kept))
-        self.log(f"  {_rate(kept.requests_per_s)} {kept.note}")
-        if wrk.available():
-            self._measure_web_burst()
 
     def _measure_web_burst(self) -> None:
         """The ping in the hot burst's shape, from wrk: every hot user at once on a connection

@@ -69,7 +69,14 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=DEFAULTS.port)
         parser.add_argument("--celery", choices=["auto", "on", "off"], default=DEFAULTS.celery)
         parser.add_argument("--skip-bench", action="store_true")
-        parser.add_argument("--skip-locust", action="store_true")
+        parser.add_argument(
+            "--skip-locust",
+            action="store_true",
+            help="No Locust runs (wrk's still run where wrk is installed).",
+        )
+        parser.add_argument(
+            "--skip-http", action="store_true", help="No web server and no HTTP run at all."
+        )
         parser.add_argument("--out-dir", type=Path, default=DEFAULTS.out_dir)
 
     def handle(self, *args: object, **options: object) -> None:
