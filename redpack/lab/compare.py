@@ -1,10 +1,11 @@
 """`manage.py compare`: every strategy through the direct bench and Locust, next to the ceilings.
 
-It starts what the runs need (gunicorn; a Celery worker and one beat when the project defines
-tasks), measures the machine's ceilings, runs each strategy (the unsafe baseline included
-when registered) as `bench hot`, `bench throughput`, `HTTP hot` and `HTTP throughput`, stops
-what it started, and writes reports/compare.{md,png,json} (and its logs under reports/logs/);
-nothing outside reports/.
+It measures the storage ceilings, starts a Celery worker and one beat when the project defines
+tasks, runs every strategy (the unsafe baseline included when registered) through the direct
+bench (`bench hot`, `bench throughput`, `bench lone`), then starts gunicorn, measures the web
+ceilings and runs every strategy over HTTP (`HTTP throughput`, `HTTP hot`, from Locust and from
+wrk), stops what it started, and writes reports/compare.{md,png,json} (and its logs under
+reports/logs/); nothing outside reports/.
 """
 
 import csv
@@ -21,6 +22,7 @@ from typing import Any
 
 import requests
 from django.conf import settings
+from django.db import connection
 from django.test.utils import override_settings
 from redis.exceptions import RedisError
 
@@ -37,6 +39,8 @@ from .users import bench_authorization, bench_sender, bench_users_ensure, bench_
 
 BASE_DIR: Path = settings.BASE_DIR
 RAW_CONCURRENCY = 16  # connections of the raw grab transactions (a web tier's pool, roughly)
+# Connections a bench needs beyond its threads' (its parent's; the Celery worker's may grow).
+BENCH_CONNECTIONS_SPARE = 4
 CREDIT_DEFERRED_SECONDS = 7 * 24 * 3600  # the lab's beat never starts crediting during a run
 
 
@@ -232,12 +236,10 @@ class Compare:
         self._bench_users()
         self._measure_storage_ceilings()
         try:
-            if not config.skip_http:
-                self._start_web()
             if self._celery_wanted():
                 self._start_celery()
-            if not config.skip_http:
-                self._measure_web_ceiling()
+            if not config.skip_bench:
+                self._check_connections()
             for name in [] if config.skip_bench else self.names:
                 in_flight = bench_concurrency(config, name)
                 self._bench(
@@ -254,6 +256,11 @@ class Compare:
                     self._bench(
                         name, "bench lone", config.lone_grabs, config.lone_grabs, concurrency=1
                     )
+            if not config.skip_http:
+                # After the last direct run: the web server's threads keep the MySQL
+                # connections they used, which the bench's would not fit beside.
+                self._start_web()
+                self._measure_web_ceiling()
             for name in [] if config.skip_http else self.names:
                 # The timed runs first, then the bursts: for seconds after a burst of
                 # 10,000 connections the server is still closing them, and the 64 that a
@@ -272,7 +279,8 @@ class Compare:
         finally:
             for service in reversed(self.services):
                 service.stop()
-        # Each strategy's rows together, in the order they ran (every bench before any HTTP run).
+        # Each strategy's rows together (its direct runs, then its HTTP runs, each in the order
+        # they ran), although every direct run came before the first HTTP run.
         order = {name: index for index, name in enumerate(self.names)}
         self.results.sort(key=lambda row: order.get(row["strategy"], len(order)))
         books = self._credit_grabs()
@@ -426,6 +434,25 @@ class Compare:
         self.log(f"  {_rate(kept.requests_per_s)} {kept.note}")
         if wrk.available():
             self._measure_web_burst()
+
+    def _check_connections(self) -> None:
+        """Refuse, before any run, a bench that MySQL's max_connections cannot hold: each bench
+        thread keeps a connection of its own, and a refused one would fail the run's audit."""
+        if connection.vendor != "mysql":
+            return
+        wanted = max(bench_concurrency(self.config, name) for name in self.names)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@max_connections")
+            (limit,) = cursor.fetchone()
+            cursor.execute("SHOW STATUS LIKE 'Threads_connected'")
+            (_, connected) = cursor.fetchone()
+        room = int(limit) - int(connected)
+        if wanted + BENCH_CONNECTIONS_SPARE > room:
+            raise RuntimeError(
+                f"the bench keeps {wanted} MySQL connections and MySQL has room for {room}"
+                f" (max_connections {limit}, {connected} connected): raise max_connections or"
+                " lower --concurrency / --batched-concurrency"
+            )
 
     def _measure_locust_ping(self) -> None:
         c = self.config

@@ -29,6 +29,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     # (key, header, format)
     ("strategy", "strategy", "s"),
     ("run", "run", "s"),
+    ("concurrency", "in flight", ",.0f"),  # the bench's grabs in flight (compare.bench_concurrency)
     ("requests_per_s", "requests/s", ",.0f"),
     ("grabs_per_s", "grabs/s", ",.0f"),
     ("success_rate", "success", "%"),
@@ -51,7 +52,6 @@ COST_COLUMNS: list[tuple[str, str, str]] = [
     ("strategy", "strategy", "s"),
     ("run", "run", "s"),
     ("requests_per_s", "requests/s", ",.0f"),
-    ("concurrency", "in flight", "d"),
     ("mean_batch", "mean batch", ".1f"),
     ("own_sql_ratio", "of own SQL raw", "%"),
     ("client_cpu_us_per_request", "client CPU µs", ",.0f"),

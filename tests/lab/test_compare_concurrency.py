@@ -1,7 +1,9 @@
 """The bench's grabs in flight per strategy in `compare`: a strategy that combines grabs runs
 with enough of them that its batches reach the raw batched ceiling's 32 per transaction."""
 
-from redpack.lab.compare import CompareConfig, bench_concurrency
+import pytest
+
+from redpack.lab.compare import Compare, CompareConfig, bench_concurrency
 from strategies import registry
 
 COMBINING = {"group_commit", "redis_queue", "redis_counter", "redis_queue_async"}
@@ -13,3 +15,18 @@ def test_the_strategies_that_combine_grabs_are_benched_with_more_in_flight():
     assert {name for name, count in in_flight.items() if count == 128} == COMBINING
     assert {count for name, count in in_flight.items() if name not in COMBINING} == {64}
     assert "redis_queue_single" in in_flight  # the seeds' form of redis_queue: one at a time
+
+
+def test_compare_refuses_a_bench_that_mysql_has_no_connections_for(db, tmp_path):
+    """Before any run, not as a failed audit halfway through (each bench thread keeps a
+    connection of its own)."""
+    config = CompareConfig(
+        strategies=["group_commit", "pessimistic"],
+        batched_concurrency=1_000_000,
+        work_dir=tmp_path,
+        out_dir=tmp_path,
+    )
+    with pytest.raises(RuntimeError, match="--batched-concurrency"):
+        Compare(config, log=lambda line: None)._check_connections()
+    fitting = CompareConfig(strategies=["pessimistic"], concurrency=2, work_dir=tmp_path)
+    Compare(fitting, log=lambda line: None)._check_connections()  # room enough: no error
