@@ -208,14 +208,16 @@ CELERY_TASK_SEND_SENT_EVENT = env.bool("CELERY_TASK_EVENTS", default=True)
 REDPACK_HEARTBEAT_SECONDS = env.float("REDPACK_HEARTBEAT_SECONDS", default=5.0)
 # redis_queue_async's persister (strategies/redis_queue_async/persister.py): how often beat
 # starts a persist run, how long one run may go on, grabs per MySQL transaction, after how long
-# a grab delivered to a consumer that never acknowledged it is taken over, and after how many
-# failures of its own a grab goes to the dead letters.
+# a grab delivered to a consumer that never acknowledged it is taken over, after how many
+# failures of its own a grab goes to the dead letters, and how long a grab may wait in Redis
+# while grabs pour in (persister.surging; 0: the persister never waits for a surge's end).
 REDPACK_PERSIST_INTERVAL = env.float("REDPACK_PERSIST_INTERVAL", default=0.5)
 REDPACK_PERSIST_RUN_SECONDS = env.float("REDPACK_PERSIST_RUN_SECONDS", default=20.0)
 REDPACK_PERSIST_BATCH = env.int("REDPACK_PERSIST_BATCH", default=500)
 REDPACK_PERSIST_RECLAIM_SECONDS = env.float("REDPACK_PERSIST_RECLAIM_SECONDS", default=30.0)
 REDPACK_PERSIST_RECLAIM_INTERVAL = env.float("REDPACK_PERSIST_RECLAIM_INTERVAL", default=5.0)
 REDPACK_PERSIST_MAX_ATTEMPTS = env.int("REDPACK_PERSIST_MAX_ATTEMPTS", default=5)
+REDPACK_PERSIST_SURGE_LAG = env.float("REDPACK_PERSIST_SURGE_LAG", default=5.0)
 # How much the Celery worker yields the CPU to the web processes on a shared host: its
 # niceness, added at start (0: none). docs/operations.md gives the measurement behind it.
 REDPACK_WORKER_NICE = env.int("REDPACK_WORKER_NICE", default=10)

@@ -5,10 +5,13 @@ the index every open activity that MySQL knows, should the index lose one.
 
 Runs. Celery beat starts the `persist` background task every REDPACK_PERSIST_INTERVAL: new entries
 are read with XREADGROUP, REDPACK_PERSIST_BATCH at a time, round-robin over the busy activities,
-one MySQL transaction per batch. The `reclaim` task (every REDPACK_PERSIST_RECLAIM_INTERVAL) takes
-over the entries delivered more than REDPACK_PERSIST_RECLAIM_SECONDS ago and never acknowledged
-(their consumer died between reading and XACK) and persists them the same way. `settle` does both
-for one activity, in the caller's process.
+one MySQL transaction per batch. During a surge (`surging`) an activity's grabs wait in Redis, up
+to REDPACK_PERSIST_SURGE_LAG, so that the answers keep the CPU MySQL's writes would take; the
+persister catches up once the surge ends. The `reclaim` task (every
+REDPACK_PERSIST_RECLAIM_INTERVAL) takes over the entries delivered more than
+REDPACK_PERSIST_RECLAIM_SECONDS ago and never acknowledged (their consumer died between reading
+and XACK) and persists them the same way. `settle` does both for one activity, in the caller's
+process, surge or not: its caller needs the activity in MySQL now.
 
 Idempotent. A batch locks the activity row first, so the activity's writers go one at a time;
 under that lock a user who already has a row is not inserted again (UNIQUE (activity, user) is
@@ -253,19 +256,39 @@ def _persist_next_batch(activity_id: int) -> int:
     return len(entries)
 
 
+def surging(look: stream.Backlog) -> bool:
+    """Peak shaving: a stream the persister leaves alone for now. While grabs pour in (at least
+    a batch waits and the newest came within one persist interval) and the oldest waiting grab
+    is younger than REDPACK_PERSIST_SURGE_LAG, MySQL's writes would only take the CPU from the
+    answers on a shared host; once the surge ends, or the oldest grab reaches that age, the
+    persister writes as fast as MySQL takes it, so a long surge trails by that lag and no more.
+    REDPACK_PERSIST_SURGE_LAG 0: never."""
+    return (
+        settings.REDPACK_PERSIST_SURGE_LAG > 0
+        and look.waiting >= settings.REDPACK_PERSIST_BATCH
+        and look.newest_age_ms < settings.REDPACK_PERSIST_INTERVAL * 1000
+        and look.oldest_age_ms < settings.REDPACK_PERSIST_SURGE_LAG * 1000
+    )
+
+
 def persist_all(*, run_seconds: float) -> int:
-    """The beat task's run: new entries of every busy activity, a batch each in turn."""
+    """The beat task's run: new entries of every busy activity, a batch each in turn, the
+    activities in a surge aside."""
     until = time.monotonic() + run_seconds
     read = 0
     try:
-        busy = [a for a, waiting in stream.backlog(stream.registered()).items() if waiting]
+        busy = stream.registered()
         while busy and time.monotonic() < until:
+            looks = stream.backlogs(busy)
+            held = [a for a, look in looks.items() if look.waiting and surging(look)]
             still_busy = []
-            for activity_id in busy:
+            for activity_id in [a for a, look in looks.items() if look.waiting and a not in held]:
                 if n := _persist_next_batch(activity_id):
                     read += n
                     still_busy.append(activity_id)
-            busy = still_busy
+            # An activity in a surge is looked at again while the run has other work, else by
+            # the next run (one persist interval later): no worker waits out a surge.
+            busy = still_busy + held if still_busy else []
     except DatabaseUnavailable as exc:
         logger.warning("persist: MySQL unavailable, grabs wait in Redis: %s", exc)
     return read
@@ -278,8 +301,8 @@ def reclaim_all(*, min_idle_seconds: float, run_seconds: float) -> int:
     try:
         _register_open_activities()
         activity_ids = stream.registered()
-        for activity_id, waiting_grabs in stream.backlog(activity_ids).items():
-            if waiting_grabs:
+        for activity_id, look in stream.backlogs(activity_ids).items():
+            if look.waiting:
                 moved += _reclaim(
                     activity_id, min_idle_ms=int(min_idle_seconds * 1000), until=until
                 )

@@ -90,12 +90,38 @@ def registered() -> list[int]:
     return sorted(int(member) for member in _redis().smembers(INDEX_KEY))
 
 
-def backlog(activity_ids: list[int]) -> dict[int, int]:
-    """Grabs waiting in each activity's stream (pending or not yet delivered), in one pipeline."""
+@dataclass(frozen=True)
+class Backlog:
+    """An activity's stream as one look saw it: the grabs waiting (pending or not yet
+    delivered), and how long ago the oldest and the newest of them were answered (0: none)."""
+
+    waiting: int
+    oldest_age_ms: int = 0
+    newest_age_ms: int = 0
+
+
+def backlogs(activity_ids: list[int]) -> dict[int, Backlog]:
+    """Each activity's Backlog, in one pipeline. Ages use this machine's clock against Redis's
+    ids (a stream id starts with Redis's clock in milliseconds)."""
     pipe = _redis().pipeline(transaction=False)
     for activity_id in activity_ids:
-        pipe.xlen(Keys(activity_id).persist)
-    return dict(zip(activity_ids, pipe.execute(), strict=True))
+        stream = Keys(activity_id).persist
+        pipe.xlen(stream)
+        pipe.xrange(stream, count=1)
+        pipe.xrevrange(stream, count=1)
+    replies = pipe.execute()
+    now = int(time.time() * 1000)
+    looks = {}
+    for activity_id, waiting, first, last in zip(
+        activity_ids, replies[::3], replies[1::3], replies[2::3], strict=True
+    ):
+        if first and last:
+            looks[activity_id] = Backlog(
+                waiting, max(0, now - _id_ms(first[0][0])), max(0, now - _id_ms(last[0][0]))
+            )
+        else:
+            looks[activity_id] = Backlog(waiting)
+    return looks
 
 
 def retire_finished(activity_ids: list[int]) -> None:
@@ -206,15 +232,9 @@ def waiting(activity_id: int) -> int:
 
 def lag() -> dict[str, int | float]:
     """Grabs answered but not yet in MySQL, and the age of the oldest, from Redis alone (it
-    answers while MySQL does not). Ages use this machine's clock against Redis's ids."""
-    activity_ids = registered()
-    pipe = _redis().pipeline(transaction=False)
-    for activity_id in activity_ids:
-        stream = Keys(activity_id).persist
-        pipe.xlen(stream)
-        pipe.xrange(stream, count=1)
-    replies = pipe.execute()
-    pending = sum(replies[::2])
-    oldest = [_id_ms(first[0][0]) for first in replies[1::2] if first]
-    age = max(0.0, time.time() - min(oldest) / 1000) if oldest else 0.0
-    return {"pending": pending, "oldest_age_seconds": round(age, 3)}
+    answers while MySQL does not)."""
+    looks = backlogs(registered()).values()
+    return {
+        "pending": sum(look.waiting for look in looks),
+        "oldest_age_seconds": max((look.oldest_age_ms for look in looks), default=0) / 1000,
+    }

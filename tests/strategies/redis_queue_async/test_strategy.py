@@ -136,6 +136,56 @@ def test_an_entry_delivered_twice_is_one_row(make_users, sender):
     assert audited(activity, answers) == []
 
 
+def test_a_surge_waits_in_redis_until_it_ends_or_reaches_its_lag(settings):
+    """`surging`: at least a batch waiting, the newest within one persist interval, the oldest
+    younger than REDPACK_PERSIST_SURGE_LAG; any one condition false, or the bound 0, and the
+    persister writes."""
+    settings.REDPACK_PERSIST_BATCH = 100
+    settings.REDPACK_PERSIST_INTERVAL = 0.5
+    settings.REDPACK_PERSIST_SURGE_LAG = 5.0
+    assert persister.surging(stream.Backlog(100, oldest_age_ms=4_999, newest_age_ms=499))
+    assert not persister.surging(stream.Backlog(99, oldest_age_ms=4_999, newest_age_ms=499))
+    assert not persister.surging(stream.Backlog(100, oldest_age_ms=4_999, newest_age_ms=500))
+    assert not persister.surging(stream.Backlog(100, oldest_age_ms=5_000, newest_age_ms=499))
+    settings.REDPACK_PERSIST_SURGE_LAG = 0
+    assert not persister.surging(stream.Backlog(100, oldest_age_ms=0, newest_age_ms=0))
+
+
+def test_the_persister_leaves_a_surging_stream_alone_and_settle_does_not(
+    make_users, sender, settings
+):
+    """A run finds a batch waiting and the newest grab within the interval (an hour here, so
+    that it holds however slow the machine): it writes nothing of it, and the activity with
+    less than a batch waiting is written; with the bound 0 it writes everything; `settle` never
+    waits for a surge."""
+    settings.REDPACK_PERSIST_BATCH = 4
+    settings.REDPACK_PERSIST_INTERVAL = 3600.0
+    settings.REDPACK_PERSIST_SURGE_LAG = 3600.0
+    activity, other = send(sender, count=6), send(sender, count=3)
+    users = [u.pk for u in make_users(6)]
+    answers = grab_all(activity, users)
+    quiet = grab_all(other, users[:3])  # fewer than a batch: not a surge
+    assert (len(answers), len(quiet)) == (6, 3)
+    looks = stream.backlogs([activity.pk, other.pk])
+    assert (looks[activity.pk].waiting, looks[other.pk].waiting) == (6, 3)
+
+    assert persister.persist_all(run_seconds=10) == 3
+    assert (stream_length(activity), rows(activity)) == (6, {})
+    assert rows(other) == quiet
+
+    settings.REDPACK_PERSIST_SURGE_LAG = 0
+    assert persister.persist_all(run_seconds=10) == 6
+    assert rows(activity) == answers
+    assert audited(activity, answers) == []
+
+    settings.REDPACK_PERSIST_SURGE_LAG = 3600.0
+    more = send(sender, count=4)
+    taken = grab_all(more, users[:4])
+    assert persister.surging(stream.backlogs([more.pk])[more.pk])
+    assert registry.get(STRATEGY).settle(activity_id=more.pk, timeout=10)
+    assert rows(more) == taken
+
+
 def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
     make_users, sender, settings, caplog
 ):
