@@ -41,6 +41,7 @@ BASE_DIR: Path = settings.BASE_DIR
 RAW_CONCURRENCY = 16  # connections of the raw grab transactions (a web tier's pool, roughly)
 # Connections a bench needs beyond its threads' (its parent's; the Celery worker's may grow).
 BENCH_CONNECTIONS_SPARE = 4
+QUIET_TIMEOUT_SECONDS = 60.0  # longest wait for the server to close a burst's connections
 CREDIT_DEFERRED_SECONDS = 7 * 24 * 3600  # the lab's beat never starts crediting during a run
 
 
@@ -419,11 +420,22 @@ class Compare:
         self.services.append(self._start("celery worker", worker, "celery.log"))
         self.services.append(self._start("celery beat", beat, "beat.log"))
 
+    def _quiet(self) -> None:
+        """Before each HTTP run and web ceiling: wait until the server has closed the
+        connections of the runs before (processes.wait_for_quiet), so that no run measures the
+        wake of a burst, whichever strategy's run the burst was."""
+        waited = processes.wait_for_quiet(self.config.port, timeout=QUIET_TIMEOUT_SECONDS)
+        if waited is None:
+            self.log(f"  warning: the server holds connections after {QUIET_TIMEOUT_SECONDS} s")
+        elif waited >= 1:
+            self.log(f"  waited {waited:.1f} s for the server to close the last run's connections")
+
     def _measure_web_ceiling(self) -> None:
         c = self.config
         if not c.skip_locust:
             self._measure_locust_ping()
         self.log("ceiling: web server, GET /api/ping/ from wrk")
+        self._quiet()
         kept = ceiling_runs.web_wrk(
             url=f"{self.host}/api/ping/",
             authorization=self.sender_token,
@@ -483,6 +495,7 @@ class Compare:
         c = self.config
         self.log(f"ceiling: web server, GET /api/ping/ burst from wrk ({c.hot_users} connections)")
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
+        self._quiet()
         try:
             summary = wrk.grab_run(
                 url=f"{self.host}/api/ping/",
@@ -549,6 +562,7 @@ class Compare:
         else:
             users, seconds, packets = c.concurrency, c.throughput_seconds, c.throughput_packets
         self.log(f"{name}: HTTP {scenario} ({packets} packets, {users} Locust users)")
+        self._quiet()
         # Sent here rather than by the locustfile, so that preparing a large activity is not
         # part of Locust's --run-time.
         activity_id = self._send(name, packets)
@@ -574,8 +588,10 @@ class Compare:
         connections = users if hot else c.concurrency
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
+        self._quiet()
         beside = None if hot else self._ping_beside()
         activity_id = self._send(name, packets)
+        self._quiet()
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
         try:

@@ -7,6 +7,7 @@ Each child runs in a session of its own, so stopping it stops everything it star
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -91,3 +92,30 @@ def _stop_group(process: subprocess.Popen, grace: float) -> None:
     except ProcessLookupError:
         return  # already gone
     process.wait(timeout=10)
+
+
+# A server's connections that a client opened and the server has not finished with: still
+# served, or closed by the client and waiting for the server's close (a burst's wake).
+OPEN_STATES = frozenset({psutil.CONN_SYN_RECV, psutil.CONN_ESTABLISHED, psutil.CONN_CLOSE_WAIT})
+QUIET_POLL_SECONDS = 0.2
+
+
+def open_connections(port: int) -> int:
+    """Connections to this machine's `port` that the server has not closed yet."""
+    return sum(
+        1
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status in OPEN_STATES
+    )
+
+
+def wait_for_quiet(port: int, *, timeout: float) -> float | None:
+    """Wait until the server on `port` has closed every connection of the runs before (for
+    seconds after a burst of thousands of connections it is still closing them, and a run
+    started meanwhile would measure that wake); the seconds waited, or None at the timeout."""
+    started = time.monotonic()
+    while open_connections(port):
+        if time.monotonic() - started >= timeout:
+            return None
+        time.sleep(QUIET_POLL_SECONDS)  # the server's closes send nothing to wait on
+    return time.monotonic() - started

@@ -1,5 +1,6 @@
 """Starting and stopping child processes (redpack/lab/processes.py), with real processes."""
 
+import socket
 import sys
 
 import psutil
@@ -39,3 +40,23 @@ def test_a_running_server_stops_with_everything_it_started(tmp_path):
     assert not server.alive()
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def test_a_server_is_quiet_once_it_closed_every_connection_its_clients_opened():
+    """A connection counts while the server has not closed it, the client's close notwithstanding
+    (CLOSE_WAIT: the wake of a burst); the listening socket never counts."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        assert processes.open_connections(port) == 0
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        assert processes.open_connections(port) == 1
+        client.close()  # the server's side is half closed now, or about to be
+        assert processes.open_connections(port) == 1
+        assert processes.wait_for_quiet(port, timeout=0) is None
+        accepted.close()
+        waited = processes.wait_for_quiet(port, timeout=30)
+        assert waited is not None and processes.open_connections(port) == 0
+    finally:
+        server.close()
