@@ -207,6 +207,7 @@ class Compare:
         self.ceilings: list[dict[str, Any]] = []
         self.names = config.strategies or registry.names()
         self.backlog: str | None = None
+        self.not_quiet = 0  # HTTP runs started while the server still held earlier connections
         self.host = f"http://127.0.0.1:{config.port}"
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.env = self._env()
@@ -426,6 +427,7 @@ class Compare:
         wake of a burst, whichever strategy's run the burst was."""
         waited = processes.wait_for_quiet(self.config.port, timeout=QUIET_TIMEOUT_SECONDS)
         if waited is None:
+            self.not_quiet += 1
             self.log(f"  warning: the server holds connections after {QUIET_TIMEOUT_SECONDS} s")
         elif waited >= 1:
             self.log(f"  waited {waited:.1f} s for the server to close the last run's connections")
@@ -722,6 +724,11 @@ class Compare:
             warnings.append(f"The machine was busy (load average {load_before} on {cpus} CPUs)")
         if self.backlog:
             warnings.append(f"Before the runs, {self.backlog}")
+        if self.not_quiet:
+            warnings.append(
+                f"{self.not_quiet} HTTP runs or ceilings started while the server still held"
+                f" connections of the runs before, {QUIET_TIMEOUT_SECONDS} s after them"
+            )
         if warnings:
             context["warning"] = "; ".join(warnings) + ": these figures are indicative only."
         out = c.out_dir

@@ -97,7 +97,7 @@ def _stop_group(process: subprocess.Popen, grace: float) -> None:
 # A server's connections that a client opened and the server has not finished with: still
 # served, or closed by the client and waiting for the server's close (a burst's wake).
 OPEN_STATES = frozenset({psutil.CONN_SYN_RECV, psutil.CONN_ESTABLISHED, psutil.CONN_CLOSE_WAIT})
-QUIET_POLL_SECONDS = 0.2
+QUIET_POLL_SECONDS = 0.5  # each look reads every process's sockets
 
 
 def open_connections(port: int) -> int:

@@ -261,12 +261,14 @@ def surging(look: stream.Backlog) -> bool:
     a batch waits and the newest came within one persist interval) and the oldest waiting grab
     is younger than REDPACK_PERSIST_SURGE_LAG, MySQL's writes would only take the CPU from the
     answers on a shared host; once the surge ends, or the oldest grab reaches that age, the
-    persister writes as fast as MySQL takes it, so a long surge trails by that lag and no more.
-    REDPACK_PERSIST_SURGE_LAG 0: never."""
+    persister writes as fast as MySQL takes it, so a long surge trails by about that lag.
+    REDPACK_PERSIST_SURGE_LAG 0: never. The ages are this machine's clock against Redis's: one
+    behind by less than an interval holds a surge that much longer; one behind by more cannot
+    tell a surge, and the persister writes."""
     return (
         settings.REDPACK_PERSIST_SURGE_LAG > 0
         and look.waiting >= settings.REDPACK_PERSIST_BATCH
-        and look.newest_age_ms < settings.REDPACK_PERSIST_INTERVAL * 1000
+        and abs(look.newest_age_ms) < settings.REDPACK_PERSIST_INTERVAL * 1000
         and look.oldest_age_ms < settings.REDPACK_PERSIST_SURGE_LAG * 1000
     )
 

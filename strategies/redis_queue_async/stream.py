@@ -93,7 +93,8 @@ def registered() -> list[int]:
 @dataclass(frozen=True)
 class Backlog:
     """An activity's stream as one look saw it: the grabs waiting (pending or not yet
-    delivered), and how long ago the oldest and the newest of them were answered (0: none)."""
+    delivered), and how long ago the oldest and the newest of them were answered (0: none).
+    The ages are this machine's clock against Redis's: negative when this clock is behind."""
 
     waiting: int
     oldest_age_ms: int = 0
@@ -110,18 +111,23 @@ def backlogs(activity_ids: list[int]) -> dict[int, Backlog]:
         pipe.xrange(stream, count=1)
         pipe.xrevrange(stream, count=1)
     replies = pipe.execute()
-    now = int(time.time() * 1000)
+    now = now_ms()
     looks = {}
     for activity_id, waiting, first, last in zip(
         activity_ids, replies[::3], replies[1::3], replies[2::3], strict=True
     ):
         if first and last:
             looks[activity_id] = Backlog(
-                waiting, max(0, now - _id_ms(first[0][0])), max(0, now - _id_ms(last[0][0]))
+                waiting, now - _id_ms(first[0][0]), now - _id_ms(last[0][0])
             )
         else:
             looks[activity_id] = Backlog(waiting)
     return looks
+
+
+def now_ms() -> int:
+    """This machine's clock in milliseconds, as a stream id's first part is Redis's."""
+    return int(time.time() * 1000)
 
 
 def retire_finished(activity_ids: list[int]) -> None:
@@ -234,7 +240,8 @@ def lag() -> dict[str, int | float]:
     """Grabs answered but not yet in MySQL, and the age of the oldest, from Redis alone (it
     answers while MySQL does not)."""
     looks = backlogs(registered()).values()
+    oldest_ms = max((look.oldest_age_ms for look in looks), default=0)
     return {
         "pending": sum(look.waiting for look in looks),
-        "oldest_age_seconds": max((look.oldest_age_ms for look in looks), default=0) / 1000,
+        "oldest_age_seconds": max(0, oldest_ms) / 1000,
     }

@@ -186,6 +186,40 @@ def test_the_persister_leaves_a_surging_stream_alone_and_settle_does_not(
     assert rows(more) == taken
 
 
+def test_a_held_stream_is_written_once_its_surge_ends_or_its_oldest_grab_reaches_the_bound(
+    make_users, sender, settings, monkeypatch
+):
+    """The looks' ages are the stream's first and last ids against this machine's clock (set
+    here relative to those ids: no wall clock in the test); a clock behind Redis's by less
+    than an interval still holds, by more it writes."""
+    settings.REDPACK_PERSIST_BATCH = 4
+    settings.REDPACK_PERSIST_INTERVAL = 0.5
+    settings.REDPACK_PERSIST_SURGE_LAG = 5.0
+    activity = send(sender, count=6)
+    answers = grab_all(activity, [u.pk for u in make_users(6)])
+    ids = [
+        entry_id
+        for entry_id, _ in get_redis_connection("default").xrange(Keys(activity.pk).persist)
+    ]
+    first_ms, last_ms = (int(entry_id.split(b"-")[0]) for entry_id in (ids[0], ids[-1]))
+
+    def look_at(clock_ms: int) -> stream.Backlog:
+        monkeypatch.setattr(stream, "now_ms", lambda: clock_ms)
+        return stream.backlogs([activity.pk])[activity.pk]
+
+    assert look_at(last_ms + 100) == stream.Backlog(6, last_ms + 100 - first_ms, 100)
+    assert persister.surging(look_at(last_ms + 100))
+    assert persister.persist_all(run_seconds=10) == 0
+    assert persister.surging(look_at(last_ms - 499))  # this clock 0.499 s behind Redis's
+    assert not persister.surging(look_at(last_ms - 500))  # too far behind to tell
+    assert not persister.surging(look_at(last_ms + 500))  # the newest is an interval old
+    settings.REDPACK_PERSIST_SURGE_LAG = (last_ms + 100 - first_ms) / 1000
+    assert not persister.surging(look_at(last_ms + 100))  # the oldest is at the bound
+    assert persister.persist_all(run_seconds=10) == 6
+    assert rows(activity) == answers
+    assert stream.lag()["pending"] == 0
+
+
 def test_a_bad_grab_does_not_hold_back_its_batch_then_goes_to_the_dead_letters(
     make_users, sender, settings, caplog
 ):
