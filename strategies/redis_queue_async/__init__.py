@@ -21,7 +21,7 @@ grab delivered twice writes once. Round trips: one EVALSHA per batch of grabs; M
 statements per batch of up to REDPACK_PERSIST_BATCH grabs. The price: until persisted, an
 acknowledged grab lives only in Redis, so that Redis needs AOF (appendfsync everysec loses at
 most about a second of grabs if its machine dies) and noeviction; MySQL trails by the persist
-lag, during a surge by up to REDPACK_PERSIST_SURGE_LAG (persister.surging).
+lag, during a surge by about REDPACK_PERSIST_SURGE_LAG (persister.surging).
 """
 
 import logging

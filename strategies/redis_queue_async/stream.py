@@ -18,7 +18,6 @@ after that.
 
 import os
 import socket
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -27,7 +26,7 @@ from django.conf import settings
 from redis.exceptions import ResponseError
 
 from ..lua import redis_client, script
-from ..redis_state.keys import Keys, parse_mark
+from ..redis_state.keys import Keys, now_ms, parse_mark
 
 GROUP = "persisters"
 INDEX_KEY = "rp:async:activities"
@@ -123,11 +122,6 @@ def backlogs(activity_ids: list[int]) -> dict[int, Backlog]:
         else:
             looks[activity_id] = Backlog(waiting)
     return looks
-
-
-def now_ms() -> int:
-    """This machine's clock in milliseconds, as a stream id's first part is Redis's."""
-    return int(time.time() * 1000)
 
 
 def retire_finished(activity_ids: list[int]) -> None:
