@@ -593,7 +593,6 @@ class Compare:
         self._quiet()
         beside = None if hot else self._ping_beside()
         activity_id = self._send(name, packets)
-        self._quiet()
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
         try:
@@ -640,6 +639,7 @@ class Compare:
             connections=c.concurrency,
         )
         self.log(f"  ping beside it: {_rate(ping.requests_per_s)} {ping.note}")
+        self._quiet()  # its connections closed before the run it is beside
         return ping.requests_per_s
 
     def _tokens(self, count: int) -> list[str]:
