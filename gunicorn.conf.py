@@ -16,6 +16,9 @@ import tempfile
 
 backlog = int(os.environ.get("REDPACK_WEB_BACKLOG", "4096"))
 worker_connections = int(os.environ.get("REDPACK_WEB_CONNECTIONS", "10000"))
+# gthread with balanced accepts and a loop whose cost does not grow with what it holds
+# (redpack/webworker.py); `--threads` sets its pool as gthread's.
+worker_class = os.environ.get("REDPACK_WEB_WORKER_CLASS", "redpack.webworker.BalancedThreadWorker")
 # gunicorn's access line, with the request id the app gave the response (redpack/logs.py).
 access_log_format = (
     '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %({x-request-id}o)s'
@@ -46,7 +49,10 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
     """A worker that is gone no longer counts in live gauges (its counters stay summed)."""
     from prometheus_client import multiprocess
 
+    from redpack import webworker
+
     multiprocess.mark_process_dead(worker.pid)
+    webworker.forget(worker.pid)
 
 
 def on_exit(server):  # type: ignore[no-untyped-def]
