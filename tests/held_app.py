@@ -8,6 +8,7 @@ import redis
 
 _redis = redis.Redis.from_url(os.environ["HELD_APP_REDIS_URL"])
 _key = os.environ["HELD_APP_KEY"]
+_redis.rpush(f"{_key}:booted", os.getpid())  # a worker loads the app once it is counted
 
 
 def application(environ, start_response):  # type: ignore[no-untyped-def]

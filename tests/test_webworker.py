@@ -70,6 +70,8 @@ def test_a_burst_is_split_between_the_workers() -> None:
     )
     sockets: list[socket.socket] = []
     try:
+        for _ in range(2):  # both workers up: a burst before that goes to the first alone
+            assert client.blpop([f"{key}:booted"], timeout=60) is not None, "a worker did not boot"
         wait_for(lambda: _listening(port), "gunicorn")
         for _ in range(requests):
             sock = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -92,7 +94,7 @@ def test_a_burst_is_split_between_the_workers() -> None:
             sock.close()
         server.terminate()
         server.wait(timeout=30)
-        client.delete(f"{key}:arrived", f"{key}:release")
+        client.delete(f"{key}:arrived", f"{key}:release", f"{key}:booted")
     assert answered == arrived
     assert len(arrived) == 2, arrived
     low, high = sorted(arrived.values())
