@@ -28,7 +28,7 @@ import selectors
 import threading
 from concurrent import futures
 from functools import partial
-from multiprocessing.sharedctypes import RawArray
+from multiprocessing.sharedctypes import RawArray, RawValue
 from typing import Any
 
 from gunicorn.workers.gthread import TConn, ThreadWorker
@@ -41,9 +41,11 @@ ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "32"))
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
-# shares it: per slot, the worker's pid (0: free) and the requests it holds.
+# shares it: per slot, the worker's pid (0: free) and the requests it holds; and how many
+# slots are in use at most (the worker count, until workers have been replaced many times).
 _pids = RawArray(ctypes.c_long, SLOTS)
 _held = RawArray(ctypes.c_long, SLOTS)
+_used = RawValue(ctypes.c_long, 0)
 
 
 def may_accept(own: int, others: list[int], slack: int) -> bool:
@@ -55,24 +57,27 @@ def may_accept(own: int, others: list[int], slack: int) -> bool:
 def forget(pid: int) -> None:
     """The worker `pid` is gone (gunicorn.conf.py's child_exit, in the master): its slot is
     free, and it no longer counts as the least busy."""
-    for slot in range(SLOTS):
+    for slot in range(_used.value):
         if _pids[slot] == pid:
             _held[slot] = 0
             _pids[slot] = 0
 
 
-def _claim(pid: int) -> int:
-    for slot in range(SLOTS):
+def _claim(pid: int, first: int = 0) -> int:
+    """A free slot for the worker `pid`, looked for from `first` on: the master numbers the
+    workers it forks (their age), so workers that start together look in different slots."""
+    for slot in (s % SLOTS for s in range(first, first + SLOTS)):
         if _pids[slot] in (0, pid):
             _pids[slot] = pid
             _held[slot] = 0
+            _used.value = max(_used.value, slot + 1)
             return slot
     return -1  # more workers than slots: this one accepts as gthread does
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def init_process(self) -> None:
-        self.slot = _claim(os.getpid())
+        self.slot = _claim(os.getpid(), self.age)
         self.held = 0
         self._held_lock = threading.Lock()
         self._pending: set[futures.Future[Any]] = set()
@@ -89,7 +94,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _others(self) -> list[int]:
         me = self.slot
-        return [_held[s] for s in range(SLOTS) if s != me and _pids[s] != 0]
+        return [_held[s] for s in range(_used.value) if s != me and _pids[s] != 0]
 
     def accept(self, server: Any, listener: Any) -> None:
         try:

@@ -35,14 +35,16 @@ def test_a_worker_accepts_while_no_busier_than_the_least_busy_plus_the_slack(
 
 
 def test_a_worker_that_is_gone_no_longer_counts() -> None:
-    slot = webworker._claim(999_999_001)
-    other = webworker._claim(999_999_002)
+    first = webworker.SLOTS - 1  # a worker's age picks its first slot: the last here
+    slot = webworker._claim(999_999_001, first)
+    other = webworker._claim(999_999_002, first)  # taken: the next free one, from the start
     try:
+        assert slot == first and other != slot
         webworker._held[slot] = 7
-        assert webworker._pids[slot] == 999_999_001 and slot != other
+        assert webworker._pids[slot] == 999_999_001
         webworker.forget(999_999_001)
         assert webworker._pids[slot] == 0 and webworker._held[slot] == 0
-        assert webworker._claim(999_999_003) == slot  # free again
+        assert webworker._claim(999_999_003, first) == slot  # free again
     finally:
         for pid in (999_999_001, 999_999_002, 999_999_003):
             webworker.forget(pid)
