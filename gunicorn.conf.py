@@ -52,7 +52,7 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
     from redpack import webworker
 
     multiprocess.mark_process_dead(worker.pid)
-    webworker.forget(worker.pid)
+    webworker.release(getattr(worker, "slot", -1))  # a worker of another class has none
 
 
 def on_exit(server):  # type: ignore[no-untyped-def]

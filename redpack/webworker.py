@@ -7,22 +7,27 @@ worker, two things made it slow and its end late:
   whenever its main thread runs; a connection stays with the worker that accepted it. In a
   burst one worker often took 70% of the connections (measured: 6,623 against 2,702), answered
   them alone while the other sat idle, and the burst ended when the busier one did. Here each
-  worker publishes how many requests it holds (accepted or read, not yet answered) in memory
-  shared by the server's workers, and polls the listening socket only while it holds no more
-  than the least busy worker plus `ACCEPT_SLACK`: the rest of the burst waits in the kernel's
-  listen queue for the other worker (`may_accept`). The least busy worker always accepts, so
-  no connection waits for a worker that will not take it.
+  worker publishes, in memory shared by the server's workers, how many requests it holds (read
+  and not yet answered: queued for a thread or running) and whether its loop can accept (it
+  has booted, is not exiting and holds fewer than `worker_connections` connections). It polls
+  the listening socket only while it holds no more than the least busy of the workers that can
+  accept plus `ACCEPT_SLACK` (`may_accept`); the rest of the burst waits in the kernel's listen
+  queue for the others. The least busy worker that can accept always polls, so a connection
+  never waits for workers that will not take it; a worker that is booting, exiting or full is
+  left out, and a connection that sends nothing counts nowhere.
 - **A loop that costs more the more it holds.** gthread's main loop asked every pending request
   whether it had finished (`futures.wait` over all of them, a lock each) on every pass: with
   thousands of requests waiting for a thread, each pass cost milliseconds of the interpreter
   lock that the request threads needed. Here a finished request removes itself.
 
-Everything else (keep-alive, timeouts, graceful shutdown) is gthread's. gunicorn.conf.py makes
-this the worker class of every redpack web server.
+Two smaller differences from gthread: a worker that holds `worker_connections` connections
+keeps serving its kept-alive ones (gthread's loop only waited for requests to finish), and one
+that is not polling the listening socket looks at the others again every 10 ms. Everything else
+(keep-alive, timeouts, graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
+class of every redpack web server and frees a worker's slot when it exits (`release`).
 """
 
 import ctypes
-import errno
 import os
 import selectors
 import threading
@@ -31,58 +36,60 @@ from functools import partial
 from multiprocessing.sharedctypes import RawArray, RawValue
 from typing import Any
 
-from gunicorn.workers.gthread import TConn, ThreadWorker
+from gunicorn.workers.gthread import ThreadWorker
 
-SLOTS = 256  # workers of one server at once, at most (gunicorn's default is 1)
-# How many more requests than the least busy worker a worker may hold and still accept: a
-# thread pool's worth (2 × 32 here), so that kept-alive traffic, which opens few connections,
-# never waits on this rule, and a burst is split within that much.
+SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
+# How many more requests than the least busy worker a worker may hold and still accept: one
+# worker's thread pool (32 threads here), so that kept-alive traffic, which opens few
+# connections, never waits on this rule, and a burst is split within that much.
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "32"))
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
-# shares it: per slot, the worker's pid (0: free) and the requests it holds; and how many
-# slots are in use at most (the worker count, until workers have been replaced many times).
-_pids = RawArray(ctypes.c_long, SLOTS)
+# shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
+# requests that worker holds, and 1 while its loop can accept. And the slots in use at most.
+_owner = RawArray(ctypes.c_long, SLOTS)
 _held = RawArray(ctypes.c_long, SLOTS)
+_ready = RawArray(ctypes.c_long, SLOTS)
 _used = RawValue(ctypes.c_long, 0)
 
 
 def may_accept(own: int, others: list[int], slack: int) -> bool:
     """Whether a worker holding `own` requests polls the listening socket, while the other
-    live workers hold `others`."""
+    workers that can accept hold `others`."""
     return not others or own <= min(others) + slack
 
 
-def forget(pid: int) -> None:
-    """The worker `pid` is gone (gunicorn.conf.py's child_exit, in the master): its slot is
-    free, and it no longer counts as the least busy."""
-    for slot in range(_used.value):
-        if _pids[slot] == pid:
+def claim(age: int) -> int:
+    """A free slot for a new worker; -1 when none is free. In the master, before the fork (a
+    worker's __init__), so no two workers can take the same slot."""
+    for slot in range(SLOTS):
+        if _owner[slot] == 0:
             _held[slot] = 0
-            _pids[slot] = 0
-
-
-def _claim(pid: int, first: int = 0) -> int:
-    """A free slot for the worker `pid`, looked for from `first` on: the master numbers the
-    workers it forks (their age), so workers that start together look in different slots."""
-    for slot in (s % SLOTS for s in range(first, first + SLOTS)):
-        if _pids[slot] in (0, pid):
-            _pids[slot] = pid
-            _held[slot] = 0
+            _ready[slot] = 0
+            _owner[slot] = age
             _used.value = max(_used.value, slot + 1)
             return slot
-    return -1  # more workers than slots: this one accepts as gthread does
+    return -1
+
+
+def release(slot: int) -> None:
+    """The worker of `slot` is gone (gunicorn.conf.py's child_exit, in the master): the slot is
+    free, and no longer counts among the workers that can accept."""
+    if 0 <= slot < SLOTS:
+        _ready[slot] = 0
+        _held[slot] = 0
+        _owner[slot] = 0
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
-    def init_process(self) -> None:
-        self.slot = _claim(os.getpid(), self.age)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slot = claim(self.age)  # in the master
         self.held = 0
         self._held_lock = threading.Lock()
         self._pending: set[futures.Future[Any]] = set()
         self._listening = False
-        super().init_process()
 
     # --- what this worker holds ----------------------------------------------------------
 
@@ -92,35 +99,17 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if self.slot >= 0:
                 _held[self.slot] = self.held
 
+    def _ready_to_accept(self, ready: bool) -> None:
+        if self.slot >= 0:
+            _ready[self.slot] = int(ready)
+
     def _others(self) -> list[int]:
         me = self.slot
-        return [_held[s] for s in range(_used.value) if s != me and _pids[s] != 0]
+        return [_held[s] for s in range(_used.value) if s != me and _ready[s]]
 
-    def accept(self, server: Any, listener: Any) -> None:
-        try:
-            sock, client = listener.accept()
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
-                raise
-            return  # another worker took it
-        conn = TConn(self.cfg, sock, client, server)
-        self.nr_conns += 1
-        self._hold(1)
-        with self._lock:
-            self.poller.register(
-                conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
-            )
-
-    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
-        with self._lock:
-            self.poller.unregister(client)
-            if conn.initialized:  # a kept-alive connection's next request
-                try:
-                    self._keep.remove(conn)
-                except ValueError:  # its keep-alive ran out meanwhile: it is being closed
-                    return
-                self._hold(1)
-        self.enqueue_req(conn)
+    def enqueue_req(self, conn: Any) -> None:
+        self._hold(1)  # read (the socket is readable), now queued for a thread
+        super().enqueue_req(conn)
 
     def _wrap_future(self, fs: futures.Future[Any], conn: Any) -> None:
         fs.conn = conn  # type: ignore[attr-defined]
@@ -135,6 +124,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             super().finish_request(fs)
         finally:
             self._hold(-1)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._ready_to_accept(False)  # graceful stop: the others stop counting on this one now
+        super().handle_exit(sig, frame)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -154,16 +147,20 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def run(self) -> None:
         for sock in self.sockets:
             sock.setblocking(False)
-        while self.alive:
-            self.notify()
-            room = self.nr_conns < self.worker_connections
-            self._listen(room and may_accept(self.held, self._others(), ACCEPT_SLACK))
-            events = self.poller.select(1.0 if self._listening else IDLE_POLL_SECONDS)
-            for key, _ in events:
-                key.data(key.fileobj)
-            if not self.is_parent_alive():
-                break
-            self.murder_keepalived()
+        try:
+            while self.alive:
+                self.notify()
+                room = self.nr_conns < self.worker_connections
+                self._ready_to_accept(room)
+                self._listen(room and may_accept(self.held, self._others(), ACCEPT_SLACK))
+                events = self.poller.select(1.0 if self._listening else IDLE_POLL_SECONDS)
+                for key, _ in events:
+                    key.data(key.fileobj)
+                if not self.is_parent_alive():
+                    break
+                self.murder_keepalived()
+        finally:
+            self._ready_to_accept(False)  # exiting: the others no longer wait for this one
         self.tpool.shutdown(False)
         self.poller.close()
         for sock in self.sockets:
