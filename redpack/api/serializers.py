@@ -13,9 +13,13 @@ from strategies import registry
 from strategies.base import Outcome
 
 MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
+# What the schema publishes: the strings of MONEY_PATTERN worth at least 0.01, without leading
+# zeros (a pattern cannot say "minimum", and a client reading the schema must not be led to
+# send "0").
+MONEY_SCHEMA_PATTERN = r"^([1-9][0-9]{0,9}(\.[0-9]{1,2})?|0\.(0[1-9]|[1-9][0-9]?))$"
 
 
-@extend_schema_field({"type": "string", "pattern": MONEY_PATTERN, "example": "100.00"})
+@extend_schema_field({"type": "string", "pattern": MONEY_SCHEMA_PATTERN, "example": "100.00"})
 class MoneyField(serializers.Field):
     """An amount as a decimal string of ASCII digits with at most two decimals; never a float."""
 
