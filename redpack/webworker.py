@@ -86,18 +86,16 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = claim(self.age)  # in the master
-        self.held = 0
-        self._held_lock = threading.Lock()
+        # The requests this worker holds: read, queued for a thread or running, not answered.
         self._pending: set[futures.Future[Any]] = set()
+        self._pending_lock = threading.Lock()
         self._listening = False
 
     # --- what this worker holds ----------------------------------------------------------
 
-    def _hold(self, change: int) -> None:
-        with self._held_lock:
-            self.held += change
-            if self.slot >= 0:
-                _held[self.slot] = self.held
+    def _publish_held(self) -> None:  # under _pending_lock
+        if self.slot >= 0:
+            _held[self.slot] = len(self._pending)
 
     def _ready_to_accept(self, ready: bool) -> None:
         if self.slot >= 0:
@@ -107,23 +105,20 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         me = self.slot
         return [_held[s] for s in range(_used.value) if s != me and _ready[s]]
 
-    def enqueue_req(self, conn: Any) -> None:
-        self._hold(1)  # read (the socket is readable), now queued for a thread
-        super().enqueue_req(conn)
-
     def _wrap_future(self, fs: futures.Future[Any], conn: Any) -> None:
         fs.conn = conn  # type: ignore[attr-defined]
-        with self._held_lock:
+        with self._pending_lock:
             self._pending.add(fs)
+            self._publish_held()
         fs.add_done_callback(self.finish_request)
 
     def finish_request(self, fs: futures.Future[Any]) -> None:
-        with self._held_lock:
-            self._pending.discard(fs)
         try:
             super().finish_request(fs)
         finally:
-            self._hold(-1)
+            with self._pending_lock:
+                self._pending.discard(fs)
+                self._publish_held()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._ready_to_accept(False)  # graceful stop: the others stop counting on this one now
@@ -152,7 +147,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self.notify()
                 room = self.nr_conns < self.worker_connections
                 self._ready_to_accept(room)
-                self._listen(room and may_accept(self.held, self._others(), ACCEPT_SLACK))
+                self._listen(room and may_accept(len(self._pending), self._others(), ACCEPT_SLACK))
                 events = self.poller.select(1.0 if self._listening else IDLE_POLL_SECONDS)
                 for key, _ in events:
                     key.data(key.fileobj)
@@ -165,6 +160,6 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self.poller.close()
         for sock in self.sockets:
             sock.close()
-        with self._held_lock:
+        with self._pending_lock:
             pending = list(self._pending)
         futures.wait(pending, timeout=self.cfg.graceful_timeout)
