@@ -39,3 +39,19 @@ class OutcomeUnknown(RedpackError):
 class InsufficientBalance(RedpackError):
     status = 400
     code = "insufficient_balance"
+
+
+class RequestRefused(RedpackError):
+    """A grab request's own checks failed where its strategy made them (GrabStrategy.
+    grab_checked): the user is disabled, or the request is over the user's throttle window
+    (`count`: the window's count with it). Nothing was taken; the view answers as its gate
+    would have (redpack/api/views.py)."""
+
+    status = 403
+    code = "refused"
+
+    def __init__(self, *, disabled: bool, count: int | None = None) -> None:
+        super().__init__("this user is deactivated" if disabled else "too many grabs")
+        self.disabled = disabled
+        self.count = count
+        self.code = "user_inactive" if disabled else "throttled"

@@ -54,6 +54,11 @@ class Window:
     rate: Rate
     ends_at: float
 
+    @property
+    def expire_seconds(self) -> int:
+        """How long Redis keeps the window's count: a second past its end."""
+        return self.rate.seconds + 1
+
     def wait(self, count: int, now: float) -> float | None:
         """None when `count` requests fit the window, else the seconds until it ends (the one
         place a request is found over its rate: counted in metrics.THROTTLED)."""
@@ -121,7 +126,7 @@ def count_and_read(
     args: list[int | str] = ["", "", ""]
     if current is not None:
         keys.append(current.key)
-        args[0] = current.rate.seconds + 1
+        args[0] = current.expire_seconds
     if member_of is not None:
         keys.append(member_of[0])
         args[1] = member_of[1]

@@ -10,7 +10,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from strategies import registry
-from strategies.base import GrabResult, Outcome
+from strategies.base import GrabResult, Outcome, RequestChecks
 
 from . import (
     allocation,
@@ -110,6 +110,18 @@ def _activity_write(activity: Activity) -> None:
     shards.on_commit(lambda: expiry.register([activity]))
 
 
+def grab_carries_checks(*, activity_id: int) -> bool:
+    """Whether a grab request for this activity leaves its ban and throttle checks to the
+    strategy's own round trip (GrabStrategy.carries_checks): `activity_grab` with `checks`."""
+    if not 0 < activity_id <= selectors.MAX_ID:
+        return False
+    try:
+        name = selectors.activity_strategy(activity_id)  # once per process and activity
+    except NotFound:
+        return False  # the request's own checks first, then 404
+    return registry.get(name).carries_checks()
+
+
 def activity_grab(
     *,
     activity_id: int,
@@ -117,6 +129,7 @@ def activity_grab(
     finished_hint: str | bytes | None = None,
     finished_ttl_ms: int | None = None,
     bounded: bool = False,
+    checks: RequestChecks | None = None,
 ) -> GrabResult:
     """One grab by one user: answered at once when the activity is known to be finished
     (finished.py; `finished_hint` and `finished_ttl_ms`: what the request's gate read of it in
@@ -124,7 +137,12 @@ def activity_grab(
     in this process is full (shedding.py); else answered by the activity's strategy.
 
     Every answer of an existing activity, and every error instead of one, is counted here once
-    (metrics.py: by strategy and outcome, with the time it took)."""
+    (metrics.py: by strategy and outcome, with the time it took).
+
+    `checks`: the web request's, for a strategy that makes them with the grab
+    (`grab_carries_checks`): RequestRefused when they fail, and nothing is taken. An activity
+    already known to be finished is answered without them, as a request whose checks
+    passed would be."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
@@ -132,7 +150,13 @@ def activity_grab(
     try:
         with shards.for_activity(activity_id):
             result = _grab(
-                activity_id, user_id, strategy_name, finished_hint, finished_ttl_ms, bounded=bounded
+                activity_id,
+                user_id,
+                strategy_name,
+                finished_hint,
+                finished_ttl_ms,
+                bounded=bounded,
+                checks=checks,
             )
     except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
         metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
@@ -156,6 +180,7 @@ def _grab(
     finished_ttl_ms: int | None,
     *,
     bounded: bool,
+    checks: RequestChecks | None,
 ) -> GrabResult:
     known = finished.answer(activity_id, user_id, finished_hint, finished_ttl_ms)
     if known is not None:
@@ -167,7 +192,12 @@ def _grab(
         if not placed:
             return GrabResult(Outcome.CONTENDED, reason="shed")
         try:
-            result = strategy.grab(activity_id=activity_id, user_id=user_id)
+            if checks is None:
+                result = strategy.grab(activity_id=activity_id, user_id=user_id)
+            else:
+                result = strategy.grab_checked(
+                    activity_id=activity_id, user_id=user_id, checks=checks
+                )
         except RedpackError:
             raise  # an expected failure, answered with its own code
         except Exception as exc:

@@ -345,6 +345,9 @@ REDPACK_THROTTLE_RATES = {
     "grab": env.str("REDPACK_GRAB_RATE", default="120/min") or None,
     "send": env.str("REDPACK_SEND_RATE", default="30/min") or None,
 }
+# A grab of a Redis strategy makes its request's ban and throttle checks in the grab script's
+# own run instead of a round trip before it (redpack/api/gate.py); off: the round trip before.
+REDPACK_GRAB_CHECKS_IN_SCRIPT = env.bool("REDPACK_GRAB_CHECKS_IN_SCRIPT", default=True)
 # Login attempts (token, token refresh, admin login) per client IP and per username; 429 beyond.
 REDPACK_LOGIN_RATES = {
     "ip": env.str("REDPACK_LOGIN_IP_RATE", default="30/min") or None,

@@ -51,6 +51,18 @@ class GrabResult:
 
 
 @dataclass(frozen=True)
+class RequestChecks:
+    """A web request's own checks (redpack/api/gate.py), for a strategy that makes them in its
+    grab's round trip (`GrabStrategy.carries_checks`): is the user in the bans set, and, when
+    `window_key` is set, does this request fit the user's throttle window (counted there)."""
+
+    bans_key: str
+    window_key: str | None = None
+    limit: int = 0
+    expire_seconds: int = 0
+
+
+@dataclass(frozen=True)
 class Holders:
     """Who holds a packet of an activity: user -> cents of the grabs that are settled, and the
     users whose grab is decided but not yet answerable (a mark whose row is being written)."""
@@ -125,6 +137,16 @@ class GrabStrategy:
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         raise NotImplementedError("subclasses of GrabStrategy must provide a grab() method")
+
+    def carries_checks(self) -> bool:
+        """Whether `grab_checked` makes a web request's checks in the grab's own round trip, so
+        the request sends none of its own."""
+        return False
+
+    def grab_checked(self, *, activity_id: int, user_id: int, checks: RequestChecks) -> GrabResult:
+        """`grab`, with the request's `checks` made first, in the same step: RequestRefused
+        (redpack/errors.py) when the user is disabled or over its throttle, and nothing taken."""
+        raise NotImplementedError(f"{self.name} makes no request checks (carries_checks)")
 
     def close(self, *, activity_id: int) -> CloseResult:
         raise NotImplementedError("subclasses of GrabStrategy must provide a close() method")

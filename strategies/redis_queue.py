@@ -57,7 +57,7 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         """grab()'s work on a plain cursor: one grab script run for one user (redis-py,
         EVALSHA), then its row written in one transaction (rows.write_grab's statements)."""
         reply = script("grab")(
-            keys=Keys(activity_id).ordered(), args=[now_ms(), "pop", 0, user_id, new_attempt()]
+            keys=Keys(activity_id).ordered(), args=[now_ms(), "pop", 0, user_id, new_attempt(), ""]
         )
         cents, packet_id = parse_mark(reply[2].decode())
         row = GrabRow(user_id, cents, packet_id)

@@ -39,7 +39,7 @@ def main() -> None:
         strategy.grab_batch(int(activity), user_ids)
     elif isinstance(strategy, RedisStateStrategy):
         RedisStateStrategy.write = pause  # type: ignore[assignment,method-assign]
-        strategy.decide_batch(int(activity), [(user, new_attempt()) for user in user_ids])
+        strategy.decide_batch(int(activity), [(user, new_attempt(), "") for user in user_ids])
     else:
         raise SystemExit(f"{name} does not batch")
 

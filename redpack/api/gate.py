@@ -19,6 +19,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from redpack import bans, finished, metrics, ratelimit
+from strategies.base import RequestChecks
 
 
 @dataclass(frozen=True)
@@ -29,16 +30,43 @@ class Gate:
     finished_ttl_ms: int | None = None  # what the flag has left
 
 
+def _window(user_id: int, scope: str | None, now: float) -> ratelimit.Window | None:
+    rate = settings.REDPACK_THROTTLE_RATES.get(scope) if scope else None
+    if not rate:
+        return None
+    return ratelimit.window(scope or "", str(user_id), ratelimit.Rate.parse(rate), now)
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The checks a grab's strategy makes in its own script run (GrabStrategy.grab_checked)
+    instead of `check`: the same ban and throttle window, without the finished flag (the
+    script answers sold out and closed itself)."""
+
+    checks: RequestChecks
+    window: ratelimit.Window | None
+    now: float
+
+    def wait(self, count: int | None) -> float:
+        """The seconds to wait, for a request the script found over the window."""
+        found = None if self.window is None or count is None else self.window.wait(count, self.now)
+        return 1.0 if found is None else found
+
+
+def carried(*, user_id: int, scope: str | None) -> Carried:
+    now = ratelimit.clock()
+    window = _window(user_id, scope, now)
+    if window is None:
+        return Carried(RequestChecks(bans.KEY), None, now)
+    checks = RequestChecks(bans.KEY, window.key, window.rate.limit, window.expire_seconds)
+    return Carried(checks, window, now)
+
+
 def check(*, user_id: int, scope: str | None = None, activity_id: int | None = None) -> Gate:
     """The user's ban, and with `scope` its throttle, with `activity_id` the activity's
     finished flag, in one script run."""
-    rate = settings.REDPACK_THROTTLE_RATES.get(scope) if scope else None
     now = ratelimit.clock()
-    window = (
-        ratelimit.window(scope or "", str(user_id), ratelimit.Rate.parse(rate), now)
-        if rate
-        else None
-    )
+    window = _window(user_id, scope, now)
     flag = None if activity_id is None else finished.key(activity_id)
     try:
         read = ratelimit.count_and_read(window, member_of=(bans.KEY, user_id), read=flag)

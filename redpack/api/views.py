@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from redpack import exposition, health, selectors, services
+from redpack.errors import RequestRefused
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import Outcome
@@ -97,19 +98,35 @@ class GatedView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authenticates: 401 before any store
+        self.carried: gate.Carried | None = None
+        if self.carries_checks(kwargs):
+            # The strategy's script makes the same checks with the grab (GrabView.post).
+            self.carried = gate.carried(user_id=user_id(request), scope=self.gate_scope)
+            self.gate = gate.Gate(None, False, None)
+            return
         self.gate = gate.check(
             user_id=user_id(request), scope=self.gate_scope, activity_id=kwargs.get("pk")
         )
         if self.gate.disabled:
-            raise AuthenticationFailed("this user is deactivated", code="user_inactive")
+            self.refuse_disabled()
         if self.gate.wait is not None:
             self.throttled(request, self.gate.wait)
 
+    def carries_checks(self, kwargs: dict[str, Any]) -> bool:
+        return False
+
+    def refuse_disabled(self) -> None:
+        raise AuthenticationFailed("this user is deactivated", code="user_inactive")
+
 
 class GrabView(GatedView):
-    """A grab costs one Redis round trip before its strategy and no MySQL query of its own."""
+    """A grab costs one Redis round trip before its strategy and no MySQL query of its own; for
+    a strategy that makes the checks in its own script (GrabStrategy.carries_checks), none."""
 
     gate_scope = "grab"
+
+    def carries_checks(self, kwargs: dict[str, Any]) -> bool:
+        return services.grab_carries_checks(activity_id=kwargs["pk"])
 
     @extend_schema(
         request=None,
@@ -127,13 +144,20 @@ class GrabView(GatedView):
         },
     )
     def post(self, request: Request, pk: int) -> Response:
-        result = services.activity_grab(
-            activity_id=pk,
-            user_id=user_id(request),
-            finished_hint=self.gate.finished,
-            finished_ttl_ms=self.gate.finished_ttl_ms,
-            bounded=True,
-        )
+        try:
+            result = services.activity_grab(
+                activity_id=pk,
+                user_id=user_id(request),
+                finished_hint=self.gate.finished,
+                finished_ttl_ms=self.gate.finished_ttl_ms,
+                bounded=True,
+                checks=None if self.carried is None else self.carried.checks,
+            )
+        except RequestRefused as refused:  # the checks, made by the strategy's script
+            assert self.carried is not None
+            if refused.disabled:
+                self.refuse_disabled()
+            self.throttled(request, self.carried.wait(refused.count))
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))

@@ -65,9 +65,10 @@ STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
         "12345",
         "$user",
         "$user",  # the attempt token: a user drawn again re-runs its attempt (one answer)
+        "",  # no request checks: the bench's grabs make none
     ),
-    "redis_queue": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user"),
-    "redis_queue_single": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user"),
+    "redis_queue": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user", ""),
+    "redis_queue_single": ("grab.lua", "4", *_STATE, "$now_ms", "pop", "0", "$user", "$user", ""),
     "redis_queue_async": (
         "grab.lua",
         "5",
@@ -78,6 +79,7 @@ STRATEGY_SCRIPTS: dict[str, tuple[str, ...]] = {
         "0",
         "$user",
         "$user",
+        "",
     ),
 }
 

@@ -4,7 +4,8 @@
 -- seeds 001 and 002) or by `draw` (the amount drawn from what is left by the activity's
 -- allocation, on integer cents: redis_counter, seed 000 done right), and record user -> mark.
 -- Winning and "how much" happen in the same atomic step. Every check and draw is made before the
--- first write, so an error (a corrupt state) leaves nothing half done.
+-- first write, so an error (a corrupt state) leaves nothing half done (but a throttle count:
+-- the request was made, as when the checks ran on their own).
 -- redis_queue_async passes a fifth key: each grab is also appended to its persist stream, in the
 -- same atomic step, and that is what makes the answer durable before MySQL has it.
 --
@@ -16,10 +17,15 @@
 -- ARGV[3] draw: the seed for math.random (< 2^31, fresh per call: Redis 7 seeds the scripts'
 --         generator with a constant at start-up, so without it every restart would replay the
 --         same amounts, on every node alike); pop: unused
--- then per user a pair: user_id, attempt (a token fresh per grab call, kept beside the mark as
+-- then per user a triple: user_id, attempt (a token fresh per grab call, kept beside the mark as
 --         "mark|attempt": a re-run of the same attempt after a lost reply gets the same answer
---         and takes nothing more). The same user twice: the second finds the first one's mark.
+--         and takes nothing more), checks: '' for none, else the web request's own checks,
+--         made here so that the request sends Redis nothing else (redpack/api/gate.py):
+--         "<bans set> <throttle window key or -> <limit> <window expiry s>". The same user
+--         twice: the second finds the first one's mark.
 -- Returns {epoch, then per user: outcome, mark, holder}; outcome is
+--   'disabled'         the user is in the bans set: nothing taken, nothing counted
+--   'throttled'        mark = the window's count with this request, over the limit: nothing taken
 --   'grabbed'          mark = what this attempt took: "cents:packet_id" popped, or "cents" drawn
 --   'already_grabbed'  mark = what the user holds, holder = the attempt that took it ('' after
 --                      a rebuild from MySQL)
@@ -63,6 +69,25 @@ local function draw(allocation, remaining, count)
   return redis.error_reply('unknown allocation ' .. tostring(allocation))
 end
 
+-- A request's checks: 'disabled', the window's count when over its limit, or nil: go on.
+local function checked(user, checks)
+  local bans, window, limit, expiry = string.match(checks, '^(%S+) (%S+) (%d+) (%d+)$')
+  if not bans then
+    return redis.error_reply('malformed checks ' .. checks)
+  end
+  if redis.call('SISMEMBER', bans, user) == 1 then
+    return 'disabled'
+  end
+  if window ~= '-' then
+    local count = redis.call('INCR', window)
+    redis.call('EXPIRE', window, expiry, 'NX')
+    if count > tonumber(limit) then
+      return tostring(count)
+    end
+  end
+  return nil
+end
+
 local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'deadline_ms',
   'allocation', 'remaining_cents', 'fenced_until_ms')
 local out = {meta[3] or ''}
@@ -81,7 +106,7 @@ if refused then
   -- every user is answered below without taking anything
 elseif popping then
   -- The packets this batch can pop at most, read now, taken (LTRIM) once all is decided.
-  packets = redis.call('LRANGE', KEYS[4], 0, (#ARGV - 3) / 2 - 1)
+  packets = redis.call('LRANGE', KEYS[4], 0, (#ARGV - 3) / 3 - 1)
   left = #packets
 else
   left = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -95,8 +120,8 @@ end
 local marks = {} -- user -> {mark, holder}, including this batch's own grabs
 local grabs = {} -- {user, attempt, mark} in order
 local taken = 0 -- cents
-for i = 4, #ARGV, 2 do
-  local user, attempt = ARGV[i], ARGV[i + 1]
+for i = 4, #ARGV, 3 do
+  local user, attempt, checks = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local held = marks[user]
   if not held and meta[1] then
     local value = redis.call('HGET', KEYS[3], user)
@@ -106,8 +131,19 @@ for i = 4, #ARGV, 2 do
       marks[user] = held
     end
   end
+  local stopped = nil
+  if checks ~= '' and not (held and held[2] == attempt) then
+    stopped = checked(user, checks)
+    if type(stopped) == 'table' then
+      return stopped -- the error reply of checked()
+    end
+  end
   if held and held[2] == attempt then
     out[#out + 1], out[#out + 2], out[#out + 3] = 'grabbed', held[1], held[2] -- a re-run
+  elseif stopped == 'disabled' then
+    out[#out + 1], out[#out + 2], out[#out + 3] = 'disabled', '', ''
+  elseif stopped then
+    out[#out + 1], out[#out + 2], out[#out + 3] = 'throttled', stopped, ''
   elseif refused then
     out[#out + 1], out[#out + 2], out[#out + 3] = refused, '', ''
   elseif held then

@@ -41,12 +41,13 @@ from ..base import (
     NotRebuildable,
     Outcome,
     PendingWrites,
+    RequestChecks,
     StrategyHealth,
 )
 from ..lua import script
 from ..redis_queue import RedisQueueStrategy
 from ..redis_state.audit import Snapshot
-from ..redis_state.keys import Keys, new_attempt, now_ms, parse_mark
+from ..redis_state.keys import Keys, checks_arg, new_attempt, now_ms, parse_mark
 from ..redis_state.rebuild import Recorded
 from ..redis_state.rows import Won
 from ..steps import close_row_locked
@@ -92,10 +93,12 @@ class RedisQueueAsyncStrategy(RedisQueueStrategy):
 
     marks_are_final = True  # in the stream is durable: see grab
 
-    def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+    def grab_checking(
+        self, activity_id: int, user_id: int, checks: RequestChecks | None
+    ) -> GrabResult:
         # A mark made by an earlier attempt (even one whose reply was lost) is on its way to
         # MySQL, so `already_grabbed` needs no check and every decision is an answer.
-        decided = self.decide(activity_id, user_id, new_attempt())
+        decided = self.decide(activity_id, user_id, new_attempt(), checks_arg(checks))
         assert isinstance(decided, GrabResult)
         return decided
 

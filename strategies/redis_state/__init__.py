@@ -35,17 +35,26 @@ from django.utils import timezone
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from redpack import shards
-from redpack.errors import OutcomeUnknown
+from redpack.errors import OutcomeUnknown, RequestRefused
 from redpack.hotsettings import hot
 from redpack.models import Activity, ActivityStatus
 
 from .. import registry
-from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, TooMany
+from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, RequestChecks, TooMany
 from ..combiner import Combiner
 from ..lua import redis_client, script
 from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
-from .keys import GrabReply, Keys, new_attempt, now_ms, parse_mark, run_grabs, split_held
+from .keys import (
+    GrabReply,
+    Keys,
+    checks_arg,
+    new_attempt,
+    now_ms,
+    parse_mark,
+    run_grabs,
+    split_held,
+)
 from .presence import state_lost
 from .rebuild import Recorded, install
 from .rows import Won, write_grab, write_grabs, write_grabs_raw
@@ -57,8 +66,17 @@ REBUILD_SETTLE_SECONDS = 5.0  # how long a rebuild waits for grabs still writing
 REBUILD_FENCE_MARGIN_SECONDS = 30.0  # the fence outlives that wait by this much, then lifts
 DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
 
-Member = tuple[int, str]  # (user_id, attempt) in a batch
+Member = tuple[int, str, str]  # (user_id, attempt, checks: keys.checks_arg) in a batch
 Decision = GrabResult | GrabReply  # a reply: already_grabbed by another attempt, not yet settled
+
+
+REFUSALS = frozenset({"disabled", "throttled"})  # lua/grab.lua's answers to failed checks
+
+
+def refusal_of(reply: GrabReply) -> RequestRefused:
+    if reply.outcome == "disabled":
+        return RequestRefused(disabled=True)
+    return RequestRefused(disabled=False, count=int(reply.mark or 0))
 
 
 class RedisStateStrategy(GrabStrategy):
@@ -84,11 +102,29 @@ class RedisStateStrategy(GrabStrategy):
         return (self.takes, 0)
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
+        return self.grab_checking(activity_id, user_id, None)
+
+    def carries_checks(self) -> bool:
+        """The request's checks go in the grab script's run (lua/grab.lua), on the Redis the
+        checks live on: not when the packet state lives on a cluster (its own slots), or when
+        REDPACK_GRAB_CHECKS_IN_SCRIPT is off."""
+        return settings.REDPACK_GRAB_CHECKS_IN_SCRIPT and not settings.REDPACK_REDIS_CLUSTER_URL
+
+    def grab_checked(self, *, activity_id: int, user_id: int, checks: RequestChecks) -> GrabResult:
+        return self.grab_checking(activity_id, user_id, checks)
+
+    def grab_checking(
+        self, activity_id: int, user_id: int, checks: RequestChecks | None
+    ) -> GrabResult:
         attempt = new_attempt()
         give_up = time.monotonic() + DUPLICATE_WAIT_SECONDS
         pause = 0.005
+        check = checks_arg(checks)
         while True:
-            decided = self.decide(activity_id, user_id, attempt)
+            # A repeated decision (a mark whose row is still being written) checks no more:
+            # the request was checked, and counted, once.
+            decided = self.decide(activity_id, user_id, attempt, check)
+            check = ""
             if isinstance(decided, GrabResult):
                 return decided
             held = held_cents(activity_id=activity_id, user_id=user_id)
@@ -103,12 +139,13 @@ class RedisStateStrategy(GrabStrategy):
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
 
-    def decide(self, activity_id: int, user_id: int, attempt: str) -> Decision:
+    def decide(self, activity_id: int, user_id: int, attempt: str, checks: str = "") -> Decision:
         """This attempt's grab, decided in Redis (in a batch when `batched`) and, when won,
-        written to MySQL."""
+        written to MySQL; `checks` (keys.checks_arg): the request's, made first, in the same
+        script run (RequestRefused when they fail)."""
         if self.batched:
-            return self.combiner.submit(activity_id, (user_id, attempt))
-        (decided,) = self.decide_batch(activity_id, [(user_id, attempt)])
+            return self.combiner.submit(activity_id, (user_id, attempt, checks))
+        (decided,) = self.decide_batch(activity_id, [(user_id, attempt, checks)])
         if isinstance(decided, Exception):
             raise decided
         return decided
@@ -125,7 +162,7 @@ class RedisStateStrategy(GrabStrategy):
         replies = run_grabs(self.state_keys(activity_id), members, *self.script_args())
         won = [
             Won(user_id, attempt, reply.mark or "", reply.epoch or "")
-            for (user_id, attempt), reply in zip(members, replies, strict=True)
+            for (user_id, attempt, _), reply in zip(members, replies, strict=True)
             if reply.outcome == "grabbed"
         ]
         answers = self.write(activity_id, won) if won else []
@@ -134,7 +171,7 @@ class RedisStateStrategy(GrabStrategy):
         # above comes first: a row it just wrote counts).
         elsewhere = [
             user_id
-            for (user_id, _), reply in zip(members, replies, strict=True)
+            for (user_id, _, _), reply in zip(members, replies, strict=True)
             if reply.outcome == "already_grabbed" and reply.holder not in written
         ]
         if self.marks_are_final:
@@ -153,8 +190,10 @@ class RedisStateStrategy(GrabStrategy):
             not (isinstance(a, GrabResult) and a.outcome is Outcome.GRABBED) for a in answers
         )
         decisions: list[Decision | Exception] = []
-        for (user_id, attempt), reply in zip(members, replies, strict=True):
-            if reply.outcome == "grabbed":
+        for (user_id, attempt, _), reply in zip(members, replies, strict=True):
+            if reply.outcome in REFUSALS:
+                decisions.append(refusal_of(reply))
+            elif reply.outcome == "grabbed":
                 decisions.append(written[attempt])
             elif reply.outcome == "sold_out" and given_back:
                 decisions.append(GrabResult(Outcome.CONTENDED))
@@ -259,7 +298,7 @@ class RedisStateStrategy(GrabStrategy):
     def run_grab(self, activity_id: int, user_id: int, attempt: str) -> GrabReply:
         """Run the grab script for one attempt alone (keys.run_grabs settles a lost reply)."""
         (reply,) = run_grabs(
-            self.state_keys(activity_id), [(user_id, attempt)], *self.script_args()
+            self.state_keys(activity_id), [(user_id, attempt, "")], *self.script_args()
         )
         return reply
 

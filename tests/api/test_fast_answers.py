@@ -17,6 +17,7 @@ from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import finished, ratelimit, services, shedding
 from strategies.base import GrabResult, Outcome
+from strategies.lua import script
 from tests.dummy_strategies import DUMMIES, HeldStrategy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,6 +47,8 @@ def redis_round_trips(monkeypatch) -> Iterator[list[str]]:  # type: ignore[no-un
         name = str(args[0])
         if name == "EVALSHA" and args[1] == ratelimit._count_and_read().sha:
             name = "EVALSHA count_and_read"
+        elif name == "EVALSHA":
+            name = f"EVALSHA {args[1]}"
         trips.append(name)
         return command(self, *args, **options)
 
@@ -118,6 +121,40 @@ def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
     # pessimistic's own statements only: no session, no user row, no strategy lookup twice
     assert all("auth_user" not in q["sql"] and "django_session" not in q["sql"] for q in queries)
     assert "Set-Cookie" not in response and "Cookie" not in response.get("Vary", "")
+
+
+REDIS_STRATEGIES = ["redis_queue", "redis_queue_async", "redis_counter", "redis_queue_single"]
+
+
+@pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
+def test_a_redis_strategys_grab_makes_its_checks_in_its_own_script_run(
+    strategy, make_users, sender, redis_round_trips
+):
+    """No round trip before the strategy: the ban and throttle go in the grab script's run."""
+    (user,) = make_users(1)
+    activity = send(sender, strategy)
+    grab_script = script("grab").sha
+    assert client_of(user).get("/api/ping/").status_code == 200  # as in a running server
+    assert client_of(user).get(f"/api/activities/{activity}/").status_code == 200
+    redis_round_trips.clear()
+    with CaptureQueriesContext(connection) as queries:
+        response = client_of(user).post(f"/api/activities/{activity}/grab/")
+    assert response.json()["outcome"] == "grabbed"
+    assert redis_round_trips[0] == f"EVALSHA {grab_script}"
+    assert "EVALSHA count_and_read" not in redis_round_trips
+    assert all("auth_user" not in q["sql"] for q in queries)
+
+
+def test_the_checks_go_before_the_script_when_turned_off(
+    settings, make_users, sender, redis_round_trips
+):
+    settings.REDPACK_GRAB_CHECKS_IN_SCRIPT = False
+    (user,) = make_users(1)
+    activity = send(sender, "redis_queue_async")
+    assert client_of(user).get("/api/ping/").status_code == 200
+    redis_round_trips.clear()
+    assert client_of(user).post(f"/api/activities/{activity}/grab/").status_code == 200
+    assert redis_round_trips[0] == "EVALSHA count_and_read"
 
 
 def test_a_closed_activity_is_answered_closed_from_memory_even_to_a_holder(make_users, sender):

@@ -67,10 +67,20 @@ def test_the_admin_login_is_limited_too(login_limits, client):
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
 
 
-def test_a_burst_gets_exactly_its_rate_through(settings, sender, make_users):
+@pytest.mark.parametrize(
+    ("strategy", "in_script"),
+    [
+        ("pessimistic", True),  # counted by the gate, before the strategy
+        ("redis_queue_async", True),  # counted by the grab script (GrabStrategy.carries_checks)
+        ("redis_counter", True),
+        ("redis_counter", False),
+    ],
+)
+def test_a_burst_gets_exactly_its_rate_through(strategy, in_script, settings, sender, make_users):
     settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    settings.REDPACK_GRAB_CHECKS_IN_SCRIPT = in_script
     activity = services.activity_send(
-        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=strategy
     )
     (user,) = make_users(1)
     token = str(AccessToken.for_user(user))
@@ -93,6 +103,7 @@ def test_a_burst_gets_exactly_its_rate_through(settings, sender, make_users):
         thread.join(60)
     assert len(codes) == 40
     assert codes.count(429) == 30  # ten through, not one more
+    assert codes.count(200) == 10  # one grabbed, nine already_grabbed
 
 
 def test_with_redis_away_a_mysql_strategy_still_answers(settings, sender, make_users):

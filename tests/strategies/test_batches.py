@@ -43,7 +43,7 @@ def run_batch(strategy: str, activity_id: int, user_ids: list[int]) -> list[obje
     chosen = registry.get(strategy)
     if strategy == "group_commit":
         return list(chosen.grab_batch(activity_id, user_ids))  # type: ignore[attr-defined]
-    members = [(user_id, new_attempt()) for user_id in user_ids]
+    members = [(user_id, new_attempt(), "") for user_id in user_ids]
     return list(chosen.decide_batch(activity_id, members))  # type: ignore[attr-defined]
 
 
@@ -208,7 +208,7 @@ def test_a_redis_script_error_mid_batch_leaves_nothing_half_done(make_users, sen
     before = (client.get(keys.ordered()[1]), client.hgetall(keys.ordered()[2]))
     with pytest.raises(ResponseError, match="corrupt"):
         registry.get("redis_counter").decide_batch(  # type: ignore[attr-defined]
-            activity.pk, [(u.pk, new_attempt()) for u in users]
+            activity.pk, [(u.pk, new_attempt(), "") for u in users]
         )
     assert (client.get(keys.ordered()[1]), client.hgetall(keys.ordered()[2])) == before
     assert rows_of(activity) == {}

@@ -19,9 +19,9 @@ from redpack.errors import Forbidden
 from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import from_cents, to_cents
 from strategies import registry
-from strategies.base import Outcome
+from strategies.base import Outcome, RequestChecks
 from strategies.lua import script
-from strategies.redis_state.keys import Keys, now_ms, run_grabs
+from strategies.redis_state.keys import Keys, checks_arg, now_ms, run_grabs
 from tests.contract.harness import grab_concurrently
 
 REDIS_STRATEGIES = ["redis_queue", "redis_counter"]
@@ -83,6 +83,41 @@ def test_failed_mysql_write_gives_everything_back_and_the_user_may_retry(
     again = services.activity_grab(activity_id=activity.pk, user_id=newcomer_id)
     assert (again.outcome, again.amount_cents) == (Outcome.ALREADY_GRABBED, retry.amount_cents)
     assert audited(activity) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
+def test_a_requests_checks_in_the_grab_script_take_nothing_and_count_once(
+    strategy, make_users, sender
+):
+    """lua/grab.lua's checks (a web request's ban and throttle): a disabled user and a request
+    over its window take nothing; a re-run of a winning attempt (its reply lost) gets its
+    grab back and is not counted again; a member without checks is not checked."""
+    activity = send(sender, strategy, "3.00", 3)
+    keys = Keys(activity.pk).ordered()
+    client = get_redis_connection("default")
+    allowed, banned, other = make_users(3)
+    client.sadd("test:bans", banned.pk)
+    window = f"test:window:{secrets.token_hex(4)}"
+    checks = checks_arg(RequestChecks("test:bans", window, 1, 60))
+
+    def run(*members: tuple[int, str, str]) -> list[tuple[str, str | None]]:
+        replies = run_grabs(keys, list(members), *registry.get(strategy).script_args())
+        return [(reply.outcome, reply.mark) for reply in replies]
+
+    before = snapshot(activity.pk)
+    assert run((banned.pk, "b1", checks)) == [("disabled", None)]
+    assert snapshot(activity.pk) == before and client.get(window) is None
+    ((outcome, mark),) = run((allowed.pk, "a1", checks))
+    assert outcome == "grabbed" and client.get(window) == b"1"
+    assert run((allowed.pk, "a1", checks)) == [("grabbed", mark)]  # the lost reply's re-run
+    assert client.get(window) == b"1"
+    assert run((allowed.pk, "a2", checks)) == [("throttled", "2")]
+    # Without checks (the bench, a ban-free caller), the same window and set are not asked.
+    assert run((banned.pk, "b2", ""))[0][0] == "grabbed"
+    assert run((other.pk, "o1", checks_arg(RequestChecks("test:bans"))))[0][0] == "grabbed"
+    assert client.get(window) == b"2" and 0 < client.ttl(window) <= 60
+    client.delete("test:bans", window)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -262,7 +297,7 @@ def test_redis_counter_first_draw_has_the_allocations_mean(
         far = now_ms() + 60_000
         script("install")(keys=keys, args=["e", "open", far, far, allocation, count, remaining, 0])
         reply = script("grab")(
-            keys=keys, args=[now_ms(), "draw", secrets.randbelow(2**31), user_id, "attempt"]
+            keys=keys, args=[now_ms(), "draw", secrets.randbelow(2**31), user_id, "attempt", ""]
         )
         draws.append(int(reply[2]))  # epoch, then (outcome, mark, holder)
     assert min(draws) >= 1 and max(draws) <= remaining - (count - 1)
@@ -279,7 +314,9 @@ def test_redis_counter_draws_follow_the_seed_python_passes(make_users, sender):
 
     def amounts(activity: Activity, first_seed: int) -> list[int]:
         marks = [
-            run_grabs(keys_of(activity.pk), [(user.pk, f"t{i}")], "draw", first_seed + i)[0].mark
+            run_grabs(keys_of(activity.pk), [(user.pk, f"t{i}", "")], "draw", first_seed + i)[
+                0
+            ].mark
             for i, user in enumerate(users)
         ]
         return [int(mark) for mark in marks]
