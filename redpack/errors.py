@@ -55,3 +55,13 @@ class RequestRefused(RedpackError):
         self.disabled = disabled
         self.count = count
         self.code = "user_inactive" if disabled else "throttled"
+
+
+class ChecksNotMade(RedpackError):
+    """A strategy that makes a request's checks (GrabStrategy.grab_checked) got no answer to
+    them (Redis away, a lost reply): nothing was taken, and the caller makes the checks itself
+    (redpack/api/gate.py) before it grabs again."""
+
+    status = 503
+    code = "checks_not_made"
+    retry_after = 1

@@ -25,7 +25,7 @@ from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from redpack import metrics
-from strategies.lua import run_script_pinned
+from strategies.lua import run_script_pinned, source
 
 logger = logging.getLogger(__name__)
 
@@ -73,27 +73,6 @@ def window(scope: str, who: str, rate: Rate, now: float) -> Window:
     return Window(scope, f"rp:rate:{scope}:{who}:{index}", rate, (index + 1) * rate.seconds)
 
 
-# KEYS: the window's key, the set, the key to read, each only when its ARGV is not empty.
-# ARGV: the window's expiry in seconds, the member to look for, anything to read the key.
-COUNT_AND_READ = """
-local at, count, member, value, ttl = 1, false, false, false, false
-if ARGV[1] ~= '' then
-  count = redis.call('INCR', KEYS[at])
-  redis.call('EXPIRE', KEYS[at], ARGV[1], 'NX')
-  at = at + 1
-end
-if ARGV[2] ~= '' then
-  member = redis.call('SISMEMBER', KEYS[at], ARGV[2])
-  at = at + 1
-end
-if ARGV[3] ~= '' then
-  value = redis.call('GET', KEYS[at])
-  ttl = redis.call('PTTL', KEYS[at])
-end
-return {count, member, value, ttl}
-"""
-
-
 @dataclass(frozen=True)
 class Read:
     count: int | None  # the window's count so far, this request included (None: not counted)
@@ -104,7 +83,7 @@ class Read:
 
 @cache
 def _count_and_read() -> Script:
-    return get_redis_connection("default").register_script(COUNT_AND_READ)
+    return get_redis_connection("default").register_script(source("count_and_read"))
 
 
 @receiver(setting_changed)

@@ -29,6 +29,7 @@ is then run again on its own, so only that member gets its 403.
 from collections.abc import Hashable, Sequence
 from functools import cached_property
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError
 
 from redpack import allocation, shards
@@ -38,8 +39,9 @@ from redpack.models import Activity
 from redpack.money import to_cents
 from redpack.shards import connection
 
-from .base import CloseResult, GrabResult, GrabStrategy, Outcome
+from .base import CloseResult, GrabResult, GrabStrategy, Outcome, RequestChecks
 from .combiner import Combiner
+from .request_checks import check_all, checks_arg
 from .steps import (
     GrabRow,
     after_duplicate,
@@ -64,14 +66,31 @@ class GroupCommitStrategy(GrabStrategy):
     batched = True
 
     @cached_property
-    def combiner(self) -> Combiner[int, GrabResult]:
-        return Combiner(self.grab_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
+    def combiner(self) -> Combiner[tuple[int, str], GrabResult]:
+        return Combiner(self.checked_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
 
     def prepare(self, activity: Activity) -> None:
         """Nothing to prepare: the activity row is the whole state."""
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        return self.combiner.submit(activity_id, user_id)
+        return self.combiner.submit(activity_id, (user_id, ""))
+
+    def carries_checks(self) -> bool:
+        """The batch's requests are checked together, in one round trip (checked_batch)."""
+        return bool(settings.REDPACK_GRAB_CHECKS_IN_SCRIPT)
+
+    def grab_checked(self, *, activity_id: int, user_id: int, checks: RequestChecks) -> GrabResult:
+        return self.combiner.submit(activity_id, (user_id, checks_arg(checks)))
+
+    def checked_batch(
+        self, activity_id: Hashable, members: list[tuple[int, str]]
+    ) -> Sequence[GrabResult | Exception]:
+        """The members' request checks in one script run (request_checks.check_all: those
+        refused, or not checked, take nothing), then one transaction for the others."""
+        stopped = check_all(members)
+        going = [user_id for (user_id, _), stop in zip(members, stopped, strict=True) if not stop]
+        answers = iter(self.grab_batch(activity_id, going) if going else [])
+        return [stop or next(answers) for stop in stopped]
 
     def close(self, *, activity_id: int) -> CloseResult:
         with shards.atomic():

@@ -1,6 +1,6 @@
 """Thin views: validate with a serializer, call one service, render."""
 
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -17,10 +17,10 @@ from rest_framework.views import APIView
 from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from redpack import exposition, health, selectors, services
-from redpack.errors import RequestRefused
+from redpack.errors import ChecksNotMade, RequestRefused
 from redpack.money import from_cents
 from strategies import registry
-from strategies.base import Outcome
+from strategies.base import GrabResult, Outcome
 
 from . import gate
 from .auth import TokenUserAuthentication
@@ -90,7 +90,8 @@ class ActivityDetailView(APIView):
 class GatedView(APIView):
     """Token-only views: the token is checked by its signature (no store asked), then one Redis
     round trip (api/gate.py) checks the ban, the view's `gate_scope` throttle and, for a grab,
-    the activity's finished flag."""
+    the activity's finished flag; unless the view's work makes the same checks in its own round
+    trip (`carries_checks`: a grab of a strategy that does, GrabStrategy.carries_checks)."""
 
     authentication_classes = [TokenUserAuthentication]
     throttle_classes: list[type] = []  # counted by the gate
@@ -100,12 +101,17 @@ class GatedView(APIView):
         super().initial(request, *args, **kwargs)  # authenticates: 401 before any store
         self.carried: gate.Carried | None = None
         if self.carries_checks(kwargs):
-            # The strategy's script makes the same checks with the grab (GrabView.post).
+            # The strategy makes the same checks with the grab (GrabView.post).
             self.carried = gate.carried(user_id=user_id(request), scope=self.gate_scope)
             self.gate = gate.Gate(None, False, None)
-            return
+        else:
+            self.check_here(request, kwargs.get("pk"))
+
+    def check_here(self, request: Request, activity_id: int | None) -> None:
+        """The gate's one round trip (api/gate.py); 401 for a disabled user, 429 beyond the
+        throttle."""
         self.gate = gate.check(
-            user_id=user_id(request), scope=self.gate_scope, activity_id=kwargs.get("pk")
+            user_id=user_id(request), scope=self.gate_scope, activity_id=activity_id
         )
         if self.gate.disabled:
             self.refuse_disabled()
@@ -115,18 +121,29 @@ class GatedView(APIView):
     def carries_checks(self, kwargs: dict[str, Any]) -> bool:
         return False
 
-    def refuse_disabled(self) -> None:
+    def refuse_disabled(self) -> NoReturn:
         raise AuthenticationFailed("this user is deactivated", code="user_inactive")
 
 
 class GrabView(GatedView):
-    """A grab costs one Redis round trip before its strategy and no MySQL query of its own; for
-    a strategy that makes the checks in its own script (GrabStrategy.carries_checks), none."""
+    """A grab costs one Redis round trip before its strategy and no MySQL query of its own; none
+    before a strategy that makes the request's checks itself (GrabStrategy.carries_checks: the
+    Redis strategies in their grab script, group_commit once per batch)."""
 
     gate_scope = "grab"
 
     def carries_checks(self, kwargs: dict[str, Any]) -> bool:
         return services.grab_carries_checks(activity_id=kwargs["pk"])
+
+    def grab(self, request: Request, pk: int) -> GrabResult:
+        return services.activity_grab(
+            activity_id=pk,
+            user_id=user_id(request),
+            finished_hint=self.gate.finished,
+            finished_ttl_ms=self.gate.finished_ttl_ms,
+            bounded=True,
+            checks=None if self.carried is None else self.carried.checks,
+        )
 
     @extend_schema(
         request=None,
@@ -145,19 +162,16 @@ class GrabView(GatedView):
     )
     def post(self, request: Request, pk: int) -> Response:
         try:
-            result = services.activity_grab(
-                activity_id=pk,
-                user_id=user_id(request),
-                finished_hint=self.gate.finished,
-                finished_ttl_ms=self.gate.finished_ttl_ms,
-                bounded=True,
-                checks=None if self.carried is None else self.carried.checks,
-            )
-        except RequestRefused as refused:  # the checks, made by the strategy's script
+            result = self.grab(request, pk)
+        except RequestRefused as refused:  # the checks, made by the strategy
             assert self.carried is not None
             if refused.disabled:
                 self.refuse_disabled()
             self.throttled(request, self.carried.wait(refused.count))
+        except ChecksNotMade:  # nothing taken: the checks here (with their fallbacks), again
+            self.carried = None
+            self.check_here(request, pk)
+            result = self.grab(request, pk)
         body = {"outcome": result.outcome.value}
         if result.amount_cents is not None:
             body["amount"] = str(from_cents(result.amount_cents))

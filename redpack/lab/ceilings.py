@@ -34,7 +34,7 @@ from django_redis import get_redis_connection
 from redpack import services
 from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import to_cents
-from strategies import registry
+from strategies import lua, registry
 
 from . import processes
 from .users import bench_sender, bench_users_ensure
@@ -107,7 +107,7 @@ def redis_representative(*, requests: int, concurrency: int) -> Ceiling:
     try:
         return _redis_script(
             name="Redis: representative grab script (RPOP + HSET + LPUSH)",
-            script=REPRESENTATIVE_SCRIPT,
+            script=REPRESENTATIVE_SCRIPT.read_text(),
             args=["3", *keys, "__rand_int__"],
             requests=requests,
             concurrency=concurrency,
@@ -122,10 +122,9 @@ def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | N
     spec = STRATEGY_SCRIPTS.get(name)
     if not spec:
         return None
-    script = STRATEGIES_LUA / spec[0]
     title = f"Redis: {name} ({spec[0]})"
-    if not script.exists():
-        note = f"{script} not found"
+    if not (STRATEGIES_LUA / spec[0]).exists():
+        note = f"{STRATEGIES_LUA / spec[0]} not found"
         return Ceiling(title, "redis", "redis-benchmark", None, note=note, strategy=name)
     activity = _ceiling_activity(name, requests)
     now = time.time()
@@ -139,7 +138,7 @@ def redis_strategy(name: str, *, requests: int, concurrency: int) -> Ceiling | N
     try:
         ceiling = _redis_script(
             name=title,
-            script=script,
+            script=lua.source(spec[0].removesuffix(".lua")),
             args=args,
             requests=requests,
             concurrency=concurrency,
@@ -187,13 +186,14 @@ def _remove_activity(activity_id: int) -> None:
 
 
 def _redis_script(
-    *, name: str, script: Path, args: Sequence[str], requests: int, concurrency: int, note: str
+    *, name: str, script: str, args: Sequence[str], requests: int, concurrency: int, note: str
 ) -> Ceiling:
+    """`script` (its text) by EVALSHA from redis-benchmark, `args` after the sha."""
     tool = shutil.which("redis-benchmark")
     if tool is None:
         return Ceiling(name, "redis", "redis-benchmark", None, note="redis-benchmark not found")
     client = get_redis_connection("default")
-    sha = client.script_load(script.read_text())
+    sha = client.script_load(script)
     where = client.connection_pool.connection_kwargs
     command = [tool, "-h", str(where.get("host", "127.0.0.1")), "-p", str(where.get("port", 6379))]
     command += ["--dbnum", str(where.get("db", 0))]

@@ -13,6 +13,7 @@ dropped on any error (a reply may still be on its way) and after a fork.
 """
 
 import os
+import re
 import threading
 import time
 from functools import cache
@@ -125,12 +126,23 @@ def _pinned(client: Any) -> AbstractConnection | None:
     return here.connection
 
 
+INCLUDE = re.compile(r"^-- include: ([a-z_]+\.lua)$", re.M)
+
+
+@cache
+def source(name: str) -> str:
+    """The text of strategies/lua/<name>.lua, each `-- include: <file>` line replaced by that
+    file (a rule several scripts share, such as checks.lua, is written once)."""
+    text = (SCRIPTS / f"{name}.lua").read_text()
+    return INCLUDE.sub(lambda found: (SCRIPTS / found.group(1)).read_text(), text)
+
+
 @cache
 def script(name: str) -> Script:
-    """The script strategies/lua/<name>.lua, registered on the current client."""
+    """The script strategies/lua/<name>.lua (`source`), registered on the current client."""
     client = redis_client()
     # RedisCluster has register_script too; redis-py's annotations only name Redis.
-    return client.register_script((SCRIPTS / f"{name}.lua").read_text())  # type: ignore[misc]
+    return client.register_script(source(name))  # type: ignore[misc]
 
 
 @receiver(setting_changed)

@@ -69,24 +69,7 @@ local function draw(allocation, remaining, count)
   return redis.error_reply('unknown allocation ' .. tostring(allocation))
 end
 
--- A request's checks: 'disabled', the window's count when over its limit, or nil: go on.
-local function checked(user, checks)
-  local bans, window, limit, expiry = string.match(checks, '^(%S+) (%S+) (%d+) (%d+)$')
-  if not bans then
-    return redis.error_reply('malformed checks ' .. checks)
-  end
-  if redis.call('SISMEMBER', bans, user) == 1 then
-    return 'disabled'
-  end
-  if window ~= '-' then
-    local count = redis.call('INCR', window)
-    redis.call('EXPIRE', window, expiry, 'NX')
-    if count > tonumber(limit) then
-      return tostring(count)
-    end
-  end
-  return nil
-end
+-- include: checks.lua
 
 local meta = redis.call('HMGET', KEYS[1], 'status', 'expires_ms', 'epoch', 'deadline_ms',
   'allocation', 'remaining_cents', 'fenced_until_ms')

@@ -47,9 +47,10 @@ from ..base import (
 from ..lua import script
 from ..redis_queue import RedisQueueStrategy
 from ..redis_state.audit import Snapshot
-from ..redis_state.keys import Keys, checks_arg, new_attempt, now_ms, parse_mark
+from ..redis_state.keys import Keys, new_attempt, now_ms, parse_mark
 from ..redis_state.rebuild import Recorded
 from ..redis_state.rows import Won
+from ..request_checks import checks_arg
 from ..steps import close_row_locked
 from . import persister, stream
 

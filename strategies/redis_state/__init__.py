@@ -35,7 +35,7 @@ from django.utils import timezone
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from redpack import shards
-from redpack.errors import OutcomeUnknown, RequestRefused
+from redpack.errors import OutcomeUnknown
 from redpack.hotsettings import hot
 from redpack.models import Activity, ActivityStatus
 
@@ -43,12 +43,12 @@ from .. import registry
 from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, RequestChecks, TooMany
 from ..combiner import Combiner
 from ..lua import redis_client, script
+from ..request_checks import REFUSALS, checks_arg, refused
 from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
 from .keys import (
     GrabReply,
     Keys,
-    checks_arg,
     new_attempt,
     now_ms,
     parse_mark,
@@ -66,17 +66,8 @@ REBUILD_SETTLE_SECONDS = 5.0  # how long a rebuild waits for grabs still writing
 REBUILD_FENCE_MARGIN_SECONDS = 30.0  # the fence outlives that wait by this much, then lifts
 DUPLICATE_WAIT_SECONDS = 3.0  # a repeated click waits this long for the first click's write
 
-Member = tuple[int, str, str]  # (user_id, attempt, checks: keys.checks_arg) in a batch
+Member = tuple[int, str, str]  # (user_id, attempt, request_checks.checks_arg) in a batch
 Decision = GrabResult | GrabReply  # a reply: already_grabbed by another attempt, not yet settled
-
-
-REFUSALS = frozenset({"disabled", "throttled"})  # lua/grab.lua's answers to failed checks
-
-
-def refusal_of(reply: GrabReply) -> RequestRefused:
-    if reply.outcome == "disabled":
-        return RequestRefused(disabled=True)
-    return RequestRefused(disabled=False, count=int(reply.mark or 0))
 
 
 class RedisStateStrategy(GrabStrategy):
@@ -141,8 +132,8 @@ class RedisStateStrategy(GrabStrategy):
 
     def decide(self, activity_id: int, user_id: int, attempt: str, checks: str = "") -> Decision:
         """This attempt's grab, decided in Redis (in a batch when `batched`) and, when won,
-        written to MySQL; `checks` (keys.checks_arg): the request's, made first, in the same
-        script run (RequestRefused when they fail)."""
+        written to MySQL; `checks` (request_checks.checks_arg): the request's, made first, in
+        the same script run (RequestRefused when they fail)."""
         if self.batched:
             return self.combiner.submit(activity_id, (user_id, attempt, checks))
         (decided,) = self.decide_batch(activity_id, [(user_id, attempt, checks)])
@@ -192,7 +183,7 @@ class RedisStateStrategy(GrabStrategy):
         decisions: list[Decision | Exception] = []
         for (user_id, attempt, _), reply in zip(members, replies, strict=True):
             if reply.outcome in REFUSALS:
-                decisions.append(refusal_of(reply))
+                decisions.append(refused(reply.outcome, reply.mark))
             elif reply.outcome == "grabbed":
                 decisions.append(written[attempt])
             elif reply.outcome == "sold_out" and given_back:

@@ -21,7 +21,6 @@ from redis.exceptions import ConnectionError, TimeoutError
 from redpack.errors import OutcomeUnknown
 from redpack.hotsettings import hot
 
-from ..base import RequestChecks
 from ..lua import run_pinned
 
 logger = logging.getLogger(__name__)
@@ -108,19 +107,12 @@ class GrabReply:
     holder: str | None = None  # already_grabbed: the attempt that made the mark
 
 
-def checks_arg(checks: RequestChecks | None) -> str:
-    """A member's checks as lua/grab.lua takes them ('' for none)."""
-    if checks is None:
-        return ""
-    window = checks.window_key or "-"
-    return f"{checks.bans_key} {window} {checks.limit} {checks.expire_seconds}"
-
-
 def run_grabs(
     keys: list[str], members: list[tuple[int, str, str]], *extra: int | str
 ) -> list[GrabReply]:
     """Run the grab script (lua/grab.lua, `extra` its ARGV before the users) for a batch of
-    (user, attempt, checks: `checks_arg`), settling a lost reply; one reply per member, in order.
+    (user, attempt, checks: request_checks.checks_arg), settling a lost reply; one reply per
+    member, in order.
 
     Outcome unknown: when the connection drops or times out after the request left, the script
     may have run. The scripts are idempotent per attempt, so the same call is sent again on a

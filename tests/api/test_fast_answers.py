@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import finished, ratelimit, services, shedding
+from strategies import request_checks
 from strategies.base import GrabResult, Outcome
 from strategies.lua import script
 from tests.dummy_strategies import DUMMIES, HeldStrategy
@@ -123,17 +124,20 @@ def test_a_grab_makes_one_redis_round_trip_before_its_strategy(
     assert "Set-Cookie" not in response and "Cookie" not in response.get("Vary", "")
 
 
-REDIS_STRATEGIES = ["redis_queue", "redis_queue_async", "redis_counter", "redis_queue_single"]
+CARRYING = ["redis_queue", "redis_queue_async", "redis_counter", "redis_queue_single"]
 
 
-@pytest.mark.parametrize("strategy", REDIS_STRATEGIES)
-def test_a_redis_strategys_grab_makes_its_checks_in_its_own_script_run(
+@pytest.mark.parametrize("strategy", [*CARRYING, "group_commit"])
+def test_a_strategy_that_carries_the_checks_gets_no_round_trip_before_it(
     strategy, make_users, sender, redis_round_trips
 ):
-    """No round trip before the strategy: the ban and throttle go in the grab script's run."""
+    """No round trip before the strategy: the ban and throttle go in the grab script's run
+    (group_commit: in one script run for its batch, before the transaction)."""
     (user,) = make_users(1)
     activity = send(sender, strategy)
-    grab_script = script("grab").sha
+    grab_script = (
+        request_checks._check_requests().sha if strategy == "group_commit" else script("grab").sha
+    )
     assert client_of(user).get("/api/ping/").status_code == 200  # as in a running server
     assert client_of(user).get(f"/api/activities/{activity}/").status_code == 200
     redis_round_trips.clear()

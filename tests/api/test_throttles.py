@@ -74,6 +74,8 @@ def test_the_admin_login_is_limited_too(login_limits, client):
         ("redis_queue_async", True),  # counted by the grab script (GrabStrategy.carries_checks)
         ("redis_counter", True),
         ("redis_counter", False),
+        ("group_commit", True),  # counted by the batch's checks (request_checks.check_all)
+        ("group_commit", False),
     ],
 )
 def test_a_burst_gets_exactly_its_rate_through(strategy, in_script, settings, sender, make_users):
@@ -106,10 +108,12 @@ def test_a_burst_gets_exactly_its_rate_through(strategy, in_script, settings, se
     assert codes.count(200) == 10  # one grabbed, nine already_grabbed
 
 
-def test_with_redis_away_a_mysql_strategy_still_answers(settings, sender, make_users):
+@pytest.mark.parametrize("strategy", ["pessimistic", "group_commit"])
+def test_with_redis_away_a_mysql_strategy_still_answers(strategy, settings, sender, make_users):
+    """group_commit's own checks get no answer: the view makes them as the gate does."""
     settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
     activity = services.activity_send(
-        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=strategy
     )
     (user,) = make_users(1)
     settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": CLOSED}}

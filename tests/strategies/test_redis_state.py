@@ -21,7 +21,8 @@ from redpack.money import from_cents, to_cents
 from strategies import registry
 from strategies.base import Outcome, RequestChecks
 from strategies.lua import script
-from strategies.redis_state.keys import Keys, checks_arg, now_ms, run_grabs
+from strategies.redis_state.keys import Keys, now_ms, run_grabs
+from strategies.request_checks import checks_arg
 from tests.contract.harness import grab_concurrently
 
 REDIS_STRATEGIES = ["redis_queue", "redis_counter"]
