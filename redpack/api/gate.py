@@ -11,6 +11,9 @@ the finished flag costs this one round trip and no MySQL query.
 With Redis away, or the script's reply lost, the throttle counts in this process, the ban is
 asked again (bans.is_disabled: Redis through the pool, else MySQL), and the finished flag is
 this process's own memory.
+
+A grab whose strategy makes the same checks in its own round trip (GrabStrategy.carries_checks,
+strategies/request_checks.py) sends none of its own: `carried` gives it the checks to pass on.
 """
 
 from dataclasses import dataclass

@@ -185,9 +185,10 @@ class GrabView(GatedView):
 
 
 class PingView(GatedView):
-    """The web server's ceiling for the bench: what a grab request costs before its strategy
-    (the token, the ban check's round trip), and nothing else (not throttled either: one token
-    drives it as fast as the server answers)."""
+    """The web server's ceiling for the bench: an authenticated request that does nothing (the
+    token, the ban check's round trip: what a grab request costs before a strategy that does
+    not carry its checks), and nothing else (not throttled either: one token drives it as fast
+    as the server answers)."""
 
     @extend_schema(request=None, responses={200: OpenApiResponse(description='`{"pong": true}`')})
     def get(self, request: Request) -> Response:

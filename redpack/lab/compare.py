@@ -591,7 +591,7 @@ class Compare:
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
         self._quiet()
-        beside = None if hot else self._ping_beside()
+        beside = None if hot else self._ping_beside(name)
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -625,22 +625,35 @@ class Compare:
             row["unanswered"] += 0 if hot else row["interrupted"]
         self._add_http_row(row, usage)
 
-    def _ping_beside(self) -> float | None:
+    def _ping_beside(self, name: str) -> float | None:
         """The kept-alive ping from wrk again, just before a strategy's many-packets run, on the
-        same connections for as long as the run: on a shared machine the server's pace drifts
+        same connections for as long as the run, from the same generator (wrk_grab.lua, each
+        request as the next of the same users): on a shared machine the server's pace drifts
         over a long comparison (measured here: the same ping 1,100 to 1,650/s within an
         hour), so a grab run's share of the ping is read against the ping beside it, as well
-        as against the one at the start (`of ceiling`)."""
+        as against the one at the start (`of ceiling`, plain wrk with one token)."""
         c = self.config
-        ping = ceiling_runs.web_wrk(
-            url=f"{self.host}/api/ping/",
-            authorization=self.sender_token,
-            seconds=c.throughput_seconds,
-            connections=c.concurrency,
+        try:
+            ping = wrk.grab_run(
+                url=f"{self.host}/api/ping/",
+                tokens=self._tokens(c.http_users),
+                once=False,
+                connections=c.concurrency,
+                seconds=c.throughput_seconds,
+                log=c.work_dir / f"wrk-{name}-ping-beside.log",
+                method="GET",
+            )
+        except RuntimeError as exc:
+            self.log(f"  ping beside it: failed ({exc})")
+            return None
+        share = ping.get("generator_cpu_share")
+        self.log(
+            f"  ping beside it: {_rate(ping['requests_per_s'])}"
+            f" (wrk's own CPU {share if share is None else f'{100 * share:.0f}%'} of its cores,"
+            f" {ping.get('unanswered', 0)} unanswered)"
         )
-        self.log(f"  ping beside it: {_rate(ping.requests_per_s)} {ping.note}")
         self._quiet()  # its connections closed before the run it is beside
-        return ping.requests_per_s
+        return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
 
     def _tokens(self, count: int) -> list[str]:
         """The Authorization values of the first `count` bench users (the users CSV)."""
