@@ -5,9 +5,10 @@ would outlive a ban by up to its lifetime. Instead the disabled users' ids live 
 kept by signals on every save or delete of a user and re-read from MySQL by a beat task every
 REDPACK_BANS_SYNC_SECONDS (for changes that bypass signals, such as QuerySet.update). The grab
 and ping views ask the set on every request, inside the one round trip they make anyway
-(redpack/api/gate.py), so a ban takes effect at once. `is_disabled` (the same question on its
-own) remembers an answer for REDPACK_BANS_LOCAL_SECONDS per process. With Redis away, MySQL is
-asked instead: slower, never wrong.
+(redpack/api/gate.py; for a grab whose strategy carries the checks, inside the strategy's own:
+strategies/request_checks.py), so a ban takes effect at once. `is_disabled` (the same question
+on its own) remembers an answer for REDPACK_BANS_LOCAL_SECONDS per process. With Redis away,
+MySQL is asked instead: slower, never wrong.
 """
 
 import logging

@@ -80,6 +80,16 @@ def enabled() -> bool:
     return hot.REDPACK_FINISHED_SECONDS > 0
 
 
+def known(activity_id: int) -> bool:
+    """Whether this process remembers the activity as finished (its grabs are answered from
+    memory, `answer`)."""
+    if not enabled():
+        return False
+    with _lock:
+        seen = _seen.get(activity_id)
+    return seen is not None and seen.until > clock()
+
+
 def answer(
     activity_id: int,
     user_id: int,

@@ -16,16 +16,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django_redis import get_redis_connection
-from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from redpack import metrics
-from strategies.lua import run_script_pinned, source
+from strategies.lua import gate_script, run_script_pinned
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +55,10 @@ class Window:
         return self.rate.seconds + 1
 
     def wait(self, count: int, now: float) -> float | None:
-        """None when `count` requests fit the window, else the seconds until it ends (the one
-        place a request is found over its rate: counted in metrics.THROTTLED)."""
+        """None when `count` requests fit the window, else the seconds until it ends (counted in
+        metrics.THROTTLED). A strategy that carries a request's checks finds it over the rate in
+        its script (lua/checks.lua `checked`, the same `count > limit`) and asks this for the
+        wait."""
         if count <= self.rate.limit:
             return None
         metrics.THROTTLED.labels(self.scope).inc()
@@ -79,17 +76,6 @@ class Read:
     member: bool
     value: bytes | None
     ttl_ms: int | None  # the read key's PTTL (-2: no such key); None: not read
-
-
-@cache
-def _count_and_read() -> Script:
-    return get_redis_connection("default").register_script(source("count_and_read"))
-
-
-@receiver(setting_changed)
-def _forget_script(*, setting: str, **kwargs: object) -> None:
-    if setting == "CACHES":
-        _count_and_read.cache_clear()
 
 
 def count_and_read(
@@ -112,7 +98,7 @@ def count_and_read(
     if read is not None:
         keys.append(read)
         args[2] = 1
-    count, member, value, ttl = run_script_pinned(_count_and_read(), keys, args)
+    count, member, value, ttl = run_script_pinned(gate_script("count_and_read"), keys, args)
     return Read(
         count=None if count is None else int(count),
         member=bool(member),

@@ -23,7 +23,7 @@ from . import (
     shedding,
     validation,
 )
-from .errors import NotFound, RedpackError
+from .errors import ChecksNotMade, NotFound, RedpackError, RequestRefused
 from .hotsettings import hot
 from .models import Activity
 from .money import from_cents
@@ -112,8 +112,10 @@ def _activity_write(activity: Activity) -> None:
 
 def grab_carries_checks(*, activity_id: int) -> bool:
     """Whether a grab request for this activity leaves its ban and throttle checks to the
-    strategy's own round trip (GrabStrategy.carries_checks): `activity_grab` with `checks`."""
-    if not 0 < activity_id <= selectors.MAX_ID:
+    strategy's own round trip (GrabStrategy.carries_checks): `activity_grab` with `checks`.
+    Not once this process knows the activity is finished: its grabs are answered from memory,
+    without the strategy, so the request checks first (the gate), as for any strategy."""
+    if not 0 < activity_id <= selectors.MAX_ID or finished.known(activity_id):
         return False
     try:
         name = selectors.activity_strategy(activity_id)  # once per process and activity
@@ -158,6 +160,8 @@ def activity_grab(
                 bounded=bounded,
                 checks=checks,
             )
+    except (RequestRefused, ChecksNotMade):
+        raise  # the request's checks, not an answer of the grab (the view answers)
     except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
         metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
         metrics.store_error(exc, "grab")

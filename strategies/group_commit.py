@@ -12,6 +12,10 @@ a lone grab runs at once, as a batch of one), and one transaction serves the bat
    the same user twice in the batch: one packet, the later click `already_grabbed`;
 4. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
 
+A web request's own checks (its user's ban and throttle) are made for the whole batch in one
+Redis script run before the lookup (`checked_batch`, strategies/request_checks.py), instead of
+one round trip per request before it; a refused member takes no part in the transaction.
+
 What it locks: the activity row, once per batch, for four round trips (the row, the UPDATE,
 the INSERT, the COMMIT). What it checks twice: a grab committed by another process between the
 lookup and the row lock is caught by UNIQUE (activity, user): the batch's INSERT is refused and
@@ -89,7 +93,10 @@ class GroupCommitStrategy(GrabStrategy):
         refused, or not checked, take nothing), then one transaction for the others."""
         stopped = check_all(members)
         going = [user_id for (user_id, _), stop in zip(members, stopped, strict=True) if not stop]
-        answers = iter(self.grab_batch(activity_id, going) if going else [])
+        try:
+            answers = iter(self.grab_batch(activity_id, going) if going else [])
+        except Exception as exc:  # noqa: BLE001 - theirs; a refused member keeps its refusal
+            answers = iter([exc] * len(going))
         return [stop or next(answers) for stop in stopped]
 
     def close(self, *, activity_id: int) -> CloseResult:

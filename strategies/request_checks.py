@@ -9,18 +9,12 @@ answer (Redis away, a lost reply), its members get ChecksNotMade, also having ta
 the view makes the checks itself (gate.check, with its fallbacks) before it grabs again.
 """
 
-from functools import cache
-
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django_redis import get_redis_connection
-from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from redpack.errors import ChecksNotMade, RequestRefused
 
 from .base import RequestChecks
-from .lua import run_script_pinned, source
+from .lua import gate_script, run_script_pinned
 
 REFUSALS = frozenset({"disabled", "throttled"})  # lua/grab.lua's answers to failed checks
 
@@ -30,7 +24,8 @@ def checks_arg(checks: RequestChecks | None) -> str:
     if checks is None:
         return ""
     window = checks.window_key or "-"
-    return f"{checks.bans_key} {window} {checks.limit} {checks.expire_seconds}"
+    # A negative limit (a mistyped rate) lets nothing through, as the gate's count > limit.
+    return f"{checks.bans_key} {window} {max(checks.limit, 0)} {checks.expire_seconds}"
 
 
 def refused(outcome: str, count: str | None = None) -> RequestRefused:
@@ -39,18 +34,6 @@ def refused(outcome: str, count: str | None = None) -> RequestRefused:
     if outcome == "disabled":
         return RequestRefused(disabled=True)
     return RequestRefused(disabled=False, count=int(count or 0))
-
-
-@cache
-def _check_requests() -> Script:
-    # On the Redis the gate uses (the bans set lives there), whatever holds the packets.
-    return get_redis_connection("default").register_script(source("check_requests"))
-
-
-@receiver(setting_changed)
-def _forget_script(*, setting: str, **kwargs: object) -> None:
-    if setting == "CACHES":
-        _check_requests.cache_clear()
 
 
 def check_all(members: list[tuple[int, str]]) -> list[RequestRefused | ChecksNotMade | None]:
@@ -63,7 +46,7 @@ def check_all(members: list[tuple[int, str]]) -> list[RequestRefused | ChecksNot
     for user_id, checks in asked:
         args += [user_id, checks]
     try:
-        replies = iter(run_script_pinned(_check_requests(), [], args))
+        replies = iter(run_script_pinned(gate_script("check_requests"), [], args))
     except RedisError as exc:
         not_made = ChecksNotMade(str(exc))
         return [not_made if checks else None for _, checks in members]

@@ -103,3 +103,23 @@ def test_refresh_is_refused(how, make_users):
     response = APIClient().post("/api/token/refresh/", {"refresh": refresh}, format="json")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "no_active_account"
+
+
+@pytest.mark.parametrize("strategy", ["redis_queue_async", "group_commit"])
+def test_a_deactivated_user_is_refused_on_an_activity_known_finished(strategy, sender, make_users):
+    """A strategy that carries the request's checks is not asked once the process knows the
+    activity is finished (its grabs are answered from memory): the gate checks first, so the
+    ban still answers 401, not `sold_out`."""
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="1.00", total_count=1, strategy=strategy
+    )
+    first, second = make_users(2)
+    clients = [client_of(str(RefreshToken.for_user(u).access_token)) for u in (first, second)]
+    assert grab(clients[0], activity.pk).json()["outcome"] == "grabbed"
+    assert grab(clients[1], activity.pk).json() == {"outcome": "sold_out"}  # now known here
+
+    second.is_active = False
+    second.save()
+    refused = grab(clients[1], activity.pk)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "user_inactive"

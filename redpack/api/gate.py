@@ -1,5 +1,6 @@
-"""What a grab request (and the ping that stands in for its overhead) asks Redis before its work:
-one round trip.
+"""What a grab request (and the ping, an authenticated request that does nothing) asks Redis
+before its work: one round trip, or none for a grab whose strategy makes the same checks in its
+own round trip (`carried`, below).
 
 The user's grab throttle (its window's count, redpack/ratelimit.py), whether the user is
 disabled (the bans set, redpack/bans.py) and whether the activity is known to be finished

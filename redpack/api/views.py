@@ -164,7 +164,8 @@ class GrabView(GatedView):
         try:
             result = self.grab(request, pk)
         except RequestRefused as refused:  # the checks, made by the strategy
-            assert self.carried is not None
+            if self.carried is None:
+                raise
             if refused.disabled:
                 self.refuse_disabled()
             self.throttled(request, self.carried.wait(refused.count))

@@ -145,9 +145,18 @@ def script(name: str) -> Script:
     return client.register_script(source(name))  # type: ignore[misc]
 
 
+@cache
+def gate_script(name: str) -> Script:
+    """The script strategies/lua/<name>.lua (`source`), registered on the default Redis
+    (django-redis), where the web requests' checks live (bans, throttle windows), whatever holds
+    the packets' state."""
+    return get_redis_connection("default").register_script(source(name))
+
+
 @receiver(setting_changed)
 def _forget_client(*, setting: str, **kwargs: Any) -> None:
     if setting in {"REDPACK_REDIS_CLUSTER_URL", "CACHES"}:
         redis_client.cache_clear()
         script.cache_clear()
+        gate_script.cache_clear()
         _forget_pinned()

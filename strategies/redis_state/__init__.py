@@ -99,7 +99,9 @@ class RedisStateStrategy(GrabStrategy):
         """The request's checks go in the grab script's run (lua/grab.lua), on the Redis the
         checks live on: not when the packet state lives on a cluster (its own slots), or when
         REDPACK_GRAB_CHECKS_IN_SCRIPT is off."""
-        return settings.REDPACK_GRAB_CHECKS_IN_SCRIPT and not settings.REDPACK_REDIS_CLUSTER_URL
+        return (
+            bool(settings.REDPACK_GRAB_CHECKS_IN_SCRIPT) and not settings.REDPACK_REDIS_CLUSTER_URL
+        )
 
     def grab_checked(self, *, activity_id: int, user_id: int, checks: RequestChecks) -> GrabResult:
         return self.grab_checking(activity_id, user_id, checks)

@@ -1,6 +1,7 @@
 """The grab request's own cost (issue: every request answered, fast): one Redis round trip before
-the strategy, no MySQL query of its own, no browser middleware; a sold-out or closed activity
-answered from memory; a full line answered at once with 409 `shed`."""
+the strategy, or none where the strategy carries the request's checks; no MySQL query of its
+own, no browser middleware; a sold-out or closed activity answered from memory; a full line
+answered at once with 409 `shed`."""
 
 import threading
 from collections.abc import Iterator
@@ -15,10 +16,9 @@ from redis.connection import AbstractConnection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import finished, ratelimit, services, shedding
-from strategies import request_checks
+from redpack import finished, services, shedding
 from strategies.base import GrabResult, Outcome
-from strategies.lua import script
+from strategies.lua import gate_script, script
 from tests.dummy_strategies import DUMMIES, HeldStrategy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,7 +46,7 @@ def redis_round_trips(monkeypatch) -> Iterator[list[str]]:  # type: ignore[no-un
 
     def counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
         name = str(args[0])
-        if name == "EVALSHA" and args[1] == ratelimit._count_and_read().sha:
+        if name == "EVALSHA" and args[1] == gate_script("count_and_read").sha:
             name = "EVALSHA count_and_read"
         elif name == "EVALSHA":
             name = f"EVALSHA {args[1]}"
@@ -136,7 +136,7 @@ def test_a_strategy_that_carries_the_checks_gets_no_round_trip_before_it(
     (user,) = make_users(1)
     activity = send(sender, strategy)
     grab_script = (
-        request_checks._check_requests().sha if strategy == "group_commit" else script("grab").sha
+        gate_script("check_requests").sha if strategy == "group_commit" else script("grab").sha
     )
     assert client_of(user).get("/api/ping/").status_code == 200  # as in a running server
     assert client_of(user).get(f"/api/activities/{activity}/").status_code == 200

@@ -10,6 +10,8 @@ from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import bans, ratelimit, services
+from redpack.models import GrabDetail
+from strategies.lua import gate_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,13 +139,13 @@ def test_a_lost_gate_reply_is_answered_counted_here_and_a_ban_still_holds(
     banned.is_active = False
     banned.save()  # into the bans set (redpack/bans.py), as an admin's change does
     bans.forget()  # as in another web process: only Redis knows of the ban
-    gate_script = ratelimit._count_and_read().sha.encode()
+    gate_sha = gate_script("count_and_read").sha.encode()
 
     answers = []
     for user in (allowed, banned):
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
-        redis_proxy.drop_reply(gate_script)
+        redis_proxy.drop_reply(gate_sha)
         answers.append(client.post(f"/api/activities/{activity.pk}/grab/"))
 
     assert answers[0].status_code == 200 and answers[0].json()["outcome"] == "grabbed"
@@ -151,3 +153,32 @@ def test_a_lost_gate_reply_is_answered_counted_here_and_a_ban_still_holds(
     assert answers[1].json()["error"]["code"] == "user_inactive"
     assert redis_proxy.fired == 2  # both gates lost their reply
     assert len(ratelimit._local.counts) == 2  # each lost count made again in this process
+
+
+def test_a_lost_reply_of_group_commits_checks_falls_back_to_the_gate_and_a_ban_holds(
+    settings, sender, make_users, redis_proxy
+):
+    """group_commit's batch checks (lua/check_requests.lua) lose their reply: nothing was taken,
+    and the view makes the checks itself (the gate) and grabs again, never a 500."""
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="group_commit"
+    )
+    allowed, banned = make_users(2)
+    banned.is_active = False
+    banned.save()
+    bans.forget()
+    checks_sha = gate_script("check_requests").sha.encode()
+
+    answers = []
+    for user in (allowed, banned):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+        redis_proxy.drop_reply(checks_sha)
+        answers.append(client.post(f"/api/activities/{activity.pk}/grab/"))
+
+    assert answers[0].status_code == 200 and answers[0].json()["outcome"] == "grabbed"
+    assert answers[1].status_code == 401
+    assert answers[1].json()["error"]["code"] == "user_inactive"
+    assert redis_proxy.fired == 2
+    assert GrabDetail.objects.filter(activity=activity).count() == 1
