@@ -11,7 +11,8 @@ from rest_framework_simplejwt.serializers import TokenRefreshSerializer
 
 class TokenUserAuthentication(JWTStatelessUserAuthentication):
     """The signed token's user, checked by its signature alone (no store asked). The views that
-    use it check bans themselves, in their one Redis round trip (redpack/api/gate.py)."""
+    use it check bans themselves, in their one Redis round trip (redpack/api/gate.py) or in their
+    strategy's (strategies/request_checks.py)."""
 
 
 class RefreshSerializer(TokenRefreshSerializer):
