@@ -142,9 +142,8 @@ def activity_grab(
     (metrics.py: by strategy and outcome, with the time it took).
 
     `checks`: the web request's, for a strategy that makes them with the grab
-    (`grab_carries_checks`): RequestRefused when they fail, and nothing is taken. An activity
-    already known to be finished is answered without them, as a request whose checks
-    passed would be."""
+    (`grab_carries_checks`, which is false for an activity this process knows is finished):
+    RequestRefused when they fail, and nothing is taken."""
     if not 0 < activity_id <= selectors.MAX_ID:
         raise NotFound(f"activity {activity_id} does not exist")
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
