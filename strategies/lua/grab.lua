@@ -18,11 +18,12 @@
 --         generator with a constant at start-up, so without it every restart would replay the
 --         same amounts, on every node alike); pop: unused
 -- then per user a triple: user_id, attempt (a token fresh per grab call, kept beside the mark as
---         "mark|attempt": a re-run of the same attempt after a lost reply gets the same answer
---         and takes nothing more), checks: '' for none, else the web request's own checks,
---         made here so that the request sends Redis nothing else (redpack/api/gate.py):
---         "<bans set> <throttle window key or -> <limit> <window expiry s>". The same user
---         twice: the second finds the first one's mark.
+--         "mark|attempt": a re-run of the same attempt after a lost reply gets the same grab
+--         and takes nothing more), checks: '' for none, else the web request's own checks
+--         (lua/checks.lua `checked`), made here so that the request sends Redis nothing else
+--         (redpack/api/gate.py); a re-run checks, and counts, a member that did not win again,
+--         so it may be refused this time. The same user twice: the second finds the first
+--         one's mark.
 -- Returns {epoch, then per user: outcome, mark, holder}; outcome is
 --   'disabled'         the user is in the bans set: nothing taken, nothing counted
 --   'throttled'        mark = the window's count with this request, over the limit: nothing taken
