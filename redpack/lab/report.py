@@ -352,11 +352,11 @@ How to read it:
   `outcome_unknown` (503), other `5xx`, `client_timeout` and `connection_error` (no answer
   reached the client: **unanswered**, with the requests the run's stop cut off). A request
   Locust counted without a cause fails the run. **within 1 s**: share of the requests answered
-  within a second. **÷ ping beside it** (wrk's many-packets runs): grabs/s ÷ wrk's
-  kept-alive ping measured just before the run, on the same connections for as long (the
-  ping at the start of a long comparison may have been measured at another pace of a shared
-  machine). **generator CPU**: the generator's own CPU over the run per Locust process
-  (one core each) or per wrk thread; at 90% and above the load generator, not the server, may
+  within a second. **÷ ping beside it** (wrk's many-packets runs): grabs/s ÷ wrk's kept-alive ping
+  measured just before the run, on the same connections for as long, from the same script over the
+  same users (the ping at the start of a long comparison may have been measured at another pace of a
+  shared machine). **generator CPU**: the generator's own CPU over the run per Locust process (one
+  core each) or per wrk thread; at 90% and above the load generator, not the server, may
   be the limit. wrk times a request from its write: in the hot burst the TCP connect before it
   is not in the latency (the run's seconds, from wrk's start to the last answer, include it);
   it cannot tell which user an answer went to, so its `grabbed` answers are checked against
