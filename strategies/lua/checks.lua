@@ -10,7 +10,7 @@ local function counted(window, expiry)
   return count
 end
 
--- `checks` as strategies/redis_state/keys.py `checks_arg` writes them:
+-- `checks` as strategies/request_checks.py `checks_arg` writes them:
 -- "<bans set> <throttle window key or -> <limit> <window expiry s>". Returns 'disabled' (the
 -- user is in the set: nothing counted), the window's count as text when this request is over
 -- the limit, or nil: go on.
