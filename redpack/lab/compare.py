@@ -499,14 +499,12 @@ class Compare:
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
         self._quiet()
         try:
-            summary = wrk.grab_run(
-                url=f"{self.host}/api/ping/",
-                tokens=self._tokens(c.hot_users),
+            summary = self._wrk_ping(
+                c.hot_users,
                 once=True,
                 connections=c.hot_users,
                 seconds=c.hot_seconds,
-                log=c.work_dir / "wrk-ping-burst.log",
-                method="GET",
+                log="wrk-ping-burst.log",
             )
         except RuntimeError as exc:
             found = Ceiling(name, "web_burst", "wrk", None, note=f"failed: {exc}")
@@ -634,14 +632,12 @@ class Compare:
         as against the one at the start (`of ceiling`, plain wrk with one token)."""
         c = self.config
         try:
-            ping = wrk.grab_run(
-                url=f"{self.host}/api/ping/",
-                tokens=self._tokens(c.http_users),
+            ping = self._wrk_ping(
+                c.http_users,
                 once=False,
                 connections=c.concurrency,
                 seconds=c.throughput_seconds,
-                log=c.work_dir / f"wrk-{name}-ping-beside.log",
-                method="GET",
+                log=f"wrk-{name}-ping-beside.log",
             )
         except RuntimeError as exc:
             self.log(f"  ping beside it: failed ({exc})")
@@ -654,6 +650,21 @@ class Compare:
         )
         self._quiet()  # its connections closed before the run it is beside
         return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+
+    def _wrk_ping(
+        self, users: int, *, once: bool, connections: int, seconds: int, log: str
+    ) -> dict[str, Any]:
+        """`GET /api/ping/` from wrk with the grab runs' script (wrk.grab_run), as the first
+        `users` bench users; `log` under the work dir. RuntimeError when wrk gives no result."""
+        return wrk.grab_run(
+            url=f"{self.host}/api/ping/",
+            tokens=self._tokens(users),
+            once=once,
+            connections=connections,
+            seconds=seconds,
+            log=self.config.work_dir / log,
+            method="GET",
+        )
 
     def _tokens(self, count: int) -> list[str]:
         """The Authorization values of the first `count` bench users (the users CSV)."""
