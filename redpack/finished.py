@@ -22,6 +22,13 @@ so sold out is answered from memory only while no grab is being written (no mark
 without its row). Closed is final and never replaced by sold out. Memory lasts no longer than
 the flag it was learned from, so REDPACK_FINISHED_SECONDS bounds how long an end is believed
 (0 turns the fast answers off).
+
+How the memory is kept while a burst lasts: past RENEW_SHARE of its life, one request at a time
+(per process and activity) is sent to the strategy again while the others are still answered
+from memory; the strategy's final answer renews the memory and the flag for a whole period
+(`learn`). Without it, every process's memory and the flag ended together every period, and
+every request in flight at that moment went to the strategy (a row lock each, for the MySQL
+strategies) before one answer taught the process again.
 """
 
 import logging
@@ -61,11 +68,17 @@ class _Seen:
     holders: Holders | bool | None = None
     read_at: float = 0.0
     reading: threading.Lock = field(default_factory=threading.Lock)
+    renew_from: float = 0.0  # from then on, one request at a time asks the strategy again
+    renew_asked: float = float("-inf")  # when the last such request was let through
 
 
 _lock = threading.Lock()
 _seen: dict[int, _Seen] = {}
 UNSETTLED_REREAD_SECONDS = 0.05  # holders with grabs still being written are read again after
+RENEW_SHARE = 0.5  # of a memory's life, after which it is renewed from the strategy
+# A request sent to renew the memory that did not renew it (its user holds a packet, say: the
+# strategy answers already_grabbed) lets the next one through after this share of the period.
+RENEW_RETRY_SHARE = 0.05
 
 # Sold out never replaces closed, in Redis either: a batch answered `sold_out` before a close
 # can finish after it.
@@ -85,8 +98,7 @@ def known(activity_id: int) -> bool:
     memory, `answer`)."""
     if not enabled():
         return False
-    with _lock:
-        seen = _seen.get(activity_id)
+    seen = _seen.get(activity_id)  # one dict read: atomic, no lock for every request
     return seen is not None and seen.until > clock()
 
 
@@ -103,8 +115,7 @@ def answer(
     if not enabled():
         return None
     now = clock()
-    with _lock:
-        seen = _seen.get(activity_id)
+    seen = _seen.get(activity_id)
     if seen is not None and seen.until <= now:
         seen = None
     told = _outcome(shared)
@@ -115,7 +126,7 @@ def answer(
         if shared_ttl_ms is not None and shared_ttl_ms > 0:
             seconds = min(seconds, shared_ttl_ms / 1000)  # no longer than the flag lives
         seen = _remember(activity_id, told, now, seconds)
-    if seen is None:
+    if seen is None or _renewing(seen, now):
         return None
     if seen.outcome is Outcome.CLOSED:
         return GrabResult(Outcome.CLOSED)
@@ -141,11 +152,16 @@ def learn(activity_id: int, result: GrabResult) -> None:
     now = clock()
     with _lock:
         seen = _seen.get(activity_id)
-    kept = seen is not None and seen.until > now
-    if kept and seen is not None and seen.outcome in {result.outcome, Outcome.CLOSED}:
-        return
-    _remember(activity_id, result.outcome, now, settings.REDPACK_FINISHED_SECONDS)
-    ttl_ms = max(1, int(settings.REDPACK_FINISHED_SECONDS * 1000))
+    seconds = settings.REDPACK_FINISHED_SECONDS
+    if seen is not None and seen.until > now and seen.outcome in {result.outcome, Outcome.CLOSED}:
+        if seen.outcome is not result.outcome or now < seen.renew_from:
+            return  # known, and not yet due for renewal
+        # Renewed: the same memory (the holders it read stay true) for another period.
+        with _lock:
+            seen.until, seen.renew_from = now + seconds, now + RENEW_SHARE * seconds
+    else:
+        _remember(activity_id, result.outcome, now, seconds)
+    ttl_ms = max(1, int(seconds * 1000))
     try:
         client = get_redis_connection("default")
         if result.outcome is Outcome.CLOSED:
@@ -174,7 +190,7 @@ def forget() -> None:
 
 
 def _remember(activity_id: int, outcome: Outcome, now: float, seconds: float) -> _Seen:
-    seen = _Seen(outcome, now + seconds)
+    seen = _Seen(outcome, now + seconds, renew_from=now + RENEW_SHARE * seconds)
     with _lock:
         if len(_seen) >= MAX_REMEMBERED:
             _seen.clear()
@@ -182,9 +198,31 @@ def _remember(activity_id: int, outcome: Outcome, now: float, seconds: float) ->
     return seen
 
 
+def _renewing(seen: _Seen, now: float) -> bool:
+    """Whether this request goes to the strategy to renew the memory: past `renew_from`, one
+    request per RENEW_RETRY_SHARE of the period (the first whose answer is final renews it)."""
+    if now < seen.renew_from:
+        return False
+    retry = RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
+    with _lock:
+        if now - seen.renew_asked < retry:
+            return False
+        seen.renew_asked = now
+    return True
+
+
 def _holders(activity_id: int, seen: _Seen, now: float) -> Holders | None:
     """The activity's holders, read once per memory period (again shortly while some grab is
-    still being written); None when there are too many to keep or they could not be read."""
+    still being written); None when there are too many to keep or they could not be read.
+
+    Once read and settled they do not change for the memory's life, so the requests after the
+    first read them without the lock: in a burst every thread of the process asks, and a lock
+    taken by each would make them wait in turn for whichever holder the GIL has set aside."""
+    read = seen.holders
+    if read is False:
+        return None
+    if isinstance(read, Holders) and not read.unsettled:
+        return read
     with seen.reading:
         stale = isinstance(seen.holders, Holders) and bool(seen.holders.unsettled)
         if seen.holders is None or (stale and now - seen.read_at >= UNSETTLED_REREAD_SECONDS):

@@ -1,20 +1,28 @@
-"""gunicorn's threaded worker (gthread) with the two changes a hot burst needs.
+"""gunicorn's threaded worker (gthread) with the three changes a hot burst needs.
 
 A hot burst opens thousands of connections within a millisecond. With gunicorn's own gthread
-worker, two things made it slow and its end late:
+worker, three things made it slow and its end late:
 
 - **Uneven workers.** Every worker polls the one listening socket and accepts whatever is there
   whenever its main thread runs; a connection stays with the worker that accepted it. In a
   burst one worker often took 70% of the connections (measured: 6,623 against 2,702), answered
   them alone while the other sat idle, and the burst ended when the busier one did. Here each
   worker publishes, in memory shared by the server's workers, how many requests it holds (read
-  and not yet answered: queued for a thread or running) and whether its loop can accept (it
-  has booted, is not exiting and holds fewer than `worker_connections` connections). It polls
-  the listening socket only while it holds no more than the least busy of the workers that can
-  accept plus `ACCEPT_SLACK` (`may_accept`); the rest of the burst waits in the kernel's listen
-  queue for the others. The least busy worker that can accept always polls, so a connection
-  never waits for workers that will not take it; a worker that is booting, exiting or full is
-  left out, and a connection that sends nothing counts nowhere.
+  and not yet answered: queued for a thread or running; and connections it accepted whose
+  request it has not read yet) and whether its loop can accept (it has booted, is not exiting
+  and holds fewer than `worker_connections` connections). It accepts only while it holds no
+  more than the least busy of the workers that can accept plus `ACCEPT_SLACK` (`may_accept`);
+  the rest of the burst waits in the kernel's listen queue for the others. The least busy
+  worker that can accept always polls, so a connection never waits for workers that will not
+  take it; a worker that is booting, exiting or full is left out, and a connection that sends
+  nothing stops counting after SILENT_SECONDS.
+- **One connection per pass.** gthread accepts one connection each time its loop runs, and the
+  loop runs when the interpreter lock lets it, behind up to 32 request threads. A burst filled
+  the kernel's listen queue (4096 here) faster than that and the kernel dropped the rest; a
+  dropped client sends again 1 s, 3 s, 7 s, 15 s later, and the burst ended that much later
+  with the server idle (measured: one ping burst of 10,000 took 34 s, most of it idle). Here a
+  pass accepts every waiting connection that `may_accept` allows, so the slack is also how
+  many a pass can take: 256 (measured in docs/benchmarks.md, "Accepting a burst").
 - **A loop that costs more the more it holds.** gthread's main loop asked every pending request
   whether it had finished (`futures.wait` over all of them, a lock each) on every pass: with
   thousands of requests waiting for a thread, each pass cost milliseconds of the interpreter
@@ -28,22 +36,28 @@ class of every redpack web server and frees a worker's slot when it exits (`rele
 """
 
 import ctypes
+import errno
 import os
 import selectors
 import threading
+import time
+from collections import deque
 from concurrent import futures
 from functools import partial
 from multiprocessing.sharedctypes import RawArray, RawValue
 from typing import Any
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
-# How many more requests than the least busy worker a worker may hold and still accept: one
-# worker's thread pool (32 threads here), so that kept-alive traffic, which opens few
+# How many more requests than the least busy worker a worker may hold and still accept, and so
+# how many a pass of its loop may accept at once: kept-alive traffic, which opens few
 # connections, never waits on this rule, and a burst is split within that much.
-ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "32"))
+ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
+# A connection accepted and not yet read counts among what its worker holds (its request is on
+# the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
+SILENT_SECONDS = 1.0
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
@@ -86,16 +100,39 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = claim(self.age)  # in the master
-        # The requests this worker holds: read, queued for a thread or running, not answered.
+        # The requests this worker holds: read, queued for a thread or running, not answered;
+        # and the connections accepted whose request is not read yet (SILENT_SECONDS at most;
+        # the loop's thread alone touches them), oldest first in `_unread_since`.
         self._pending: set[futures.Future[Any]] = set()
         self._pending_lock = threading.Lock()
+        self._unread: set[Any] = set()
+        self._unread_since: deque[tuple[float, Any]] = deque()
         self._listening = False
 
     # --- what this worker holds ----------------------------------------------------------
 
-    def _publish_held(self) -> None:  # under _pending_lock
+    def _holds(self) -> int:
+        return len(self._pending) + len(self._unread)
+
+    def _publish_held(self) -> None:  # under _pending_lock, or in the loop's thread
         if self.slot >= 0:
-            _held[self.slot] = len(self._pending)
+            _held[self.slot] = self._holds()
+
+    def _unread_change(self, conn: Any, accepted: bool) -> None:
+        if accepted:
+            self._unread.add(conn)
+            self._unread_since.append((time.monotonic(), conn))
+        elif conn in self._unread:
+            self._unread.discard(conn)
+        else:
+            return
+        self._publish_held()  # no lock: the next publish corrects a count written in between
+
+    def _forget_silent(self) -> None:
+        """Connections accepted more than SILENT_SECONDS ago and still unread no longer count."""
+        since = time.monotonic() - SILENT_SECONDS
+        while self._unread_since and self._unread_since[0][0] < since:
+            self._unread_change(self._unread_since.popleft()[1], accepted=False)
 
     def _ready_to_accept(self, ready: bool) -> None:
         if self.slot >= 0:
@@ -119,6 +156,33 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             with self._pending_lock:
                 self._pending.discard(fs)
                 self._publish_held()
+
+    def accept(self, server: Any, listener: Any) -> None:
+        """Every waiting connection `may_accept` allows, where gthread takes one per pass of
+        its loop (see the module's docstring)."""
+        others = self._others()
+        while self.nr_conns < self.worker_connections:
+            if not may_accept(self._holds(), others, ACCEPT_SLACK):
+                return
+            try:
+                sock, client = listener.accept()
+            except OSError as exc:
+                if exc.errno == errno.ECONNABORTED:
+                    continue  # that one gave up; the next may be there
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return  # none left
+                raise
+            conn = TConn(self.cfg, sock, client, server)
+            self.nr_conns += 1
+            self._unread_change(conn, accepted=True)
+            with self._lock:
+                self.poller.register(
+                    conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
+                )
+
+    def on_client_socket_readable(self, conn: Any, client: Any) -> None:
+        self._unread_change(conn, accepted=False)  # counted as a request from now on, if any
+        super().on_client_socket_readable(conn, client)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._ready_to_accept(False)  # graceful stop: the others stop counting on this one now
@@ -147,7 +211,8 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self.notify()
                 room = self.nr_conns < self.worker_connections
                 self._ready_to_accept(room)
-                self._listen(room and may_accept(len(self._pending), self._others(), ACCEPT_SLACK))
+                self._forget_silent()
+                self._listen(room and may_accept(self._holds(), self._others(), ACCEPT_SLACK))
                 events = self.poller.select(1.0 if self._listening else IDLE_POLL_SECONDS)
                 for key, _ in events:
                     key.data(key.fileobj)

@@ -1,15 +1,20 @@
 """The web server's worker class (redpack/webworker.py): a burst is split between the workers,
 on a real gunicorn, with requests held open until the test lets them go."""
 
+import selectors
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
+from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
+from gunicorn.config import Config
 
 from redpack import webworker
 
@@ -51,6 +56,82 @@ def test_slots_are_claimed_one_per_worker_and_freed_when_it_exits() -> None:
         for slot in range(webworker.SLOTS):
             if webworker._owner[slot] in ages:
                 webworker.release(slot)
+
+
+def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> Any:
+    """A worker's loop state and nothing else (no server, no fork): a poller, its books, and
+    the other workers holding `others`."""
+    worker = webworker.BalancedThreadWorker.__new__(webworker.BalancedThreadWorker)
+    worker.cfg, worker.slot, worker.nr_conns, worker.worker_connections = Config(), -1, 0, 10_000
+    worker.poller, worker._lock = selectors.DefaultSelector(), threading.RLock()
+    worker._pending, worker._pending_lock = set(), threading.Lock()
+    worker._unread, worker._unread_since = set(), deque()
+    monkeypatch.setattr(worker, "_others", lambda: others)
+    return worker
+
+
+@pytest.mark.parametrize(
+    ("slack", "others", "accepted"),
+    [(256, [0], 40), (3, [0], 4), (3, [2], 6), (3, [], 40)],  # alone: every one
+)
+def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
+    monkeypatch: pytest.MonkeyPatch, slack: int, others: list[int], accepted: int
+) -> None:
+    """gthread accepts one connection per pass of its loop, and a burst overflowed the kernel's
+    listen queue meanwhile. A pass here takes all that wait, as long as the worker, counting
+    each connection it accepted and has not read yet, holds no more than the least busy other
+    worker plus the slack."""
+    monkeypatch.setattr(webworker, "ACCEPT_SLACK", slack)
+    worker = _loop_of_one_worker(monkeypatch, others)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    listener.setblocking(False)
+    clients = [socket.create_connection(listener.getsockname(), timeout=10) for _ in range(40)]
+    try:
+        wait_for(lambda: _waiting(listener) == 40, "the 40 connections in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == accepted
+        assert worker._holds() == accepted  # each counts until its request is read
+        assert len(worker.poller.get_map()) == accepted  # each waits for its request
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for client in clients:
+            client.close()
+        listener.close()
+
+
+def test_an_accepted_connection_that_sends_nothing_stops_counting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = _loop_of_one_worker(monkeypatch, [])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    client = socket.create_connection(listener.getsockname(), timeout=10)
+    try:
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        now = time.monotonic()
+        worker.accept(listener.getsockname(), listener)
+        assert worker._holds() == 1
+        monkeypatch.setattr(time, "monotonic", lambda: now + webworker.SILENT_SECONDS + 1)
+        worker._forget_silent()
+        assert worker._holds() == 0
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        client.close()
+        listener.close()
+
+
+def _waiting(listener: socket.socket) -> int:
+    """Connections in the listener's accept queue: a listening socket's rx_queue in
+    /proc/net/tcp."""
+    port = f"{listener.getsockname()[1]:04X}"
+    with open("/proc/net/tcp") as table:
+        for row in table.read().splitlines()[1:]:
+            fields = row.split()
+            if fields[1].endswith(f":{port}") and fields[3] == "0A":  # LISTEN
+                return int(fields[4].split(":")[1], 16)
+    return -1
 
 
 def test_a_burst_is_split_between_the_workers() -> None:

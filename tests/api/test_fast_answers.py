@@ -192,6 +192,59 @@ def test_the_memory_expires_and_the_strategy_answers_again(make_users, sender, m
     assert any("FOR UPDATE" in q["sql"] for q in queries)  # pessimistic's row lock, asked again
 
 
+def test_past_half_its_life_one_request_renews_the_memory_and_the_others_are_answered_from_it(
+    make_users, sender, monkeypatch
+):
+    """In a burst the memory never ends under the requests: one of them asks the strategy again
+    (pessimistic's row lock), the others are still answered from memory, and the strategy's
+    sold_out keeps the memory and the flag for a whole period more."""
+    users = make_users(4)
+    activity = send(sender, "pessimistic", count=1)
+    client_of(users[0]).post(f"/api/activities/{activity}/grab/")
+    assert client_of(users[1]).post(f"/api/activities/{activity}/grab/").json() == {
+        "outcome": "sold_out"
+    }
+    seconds = settings.REDPACK_FINISHED_SECONDS
+    due = finished._seen[activity].renew_from
+    assert due < finished._seen[activity].until
+    monkeypatch.setattr(finished, "clock", lambda: due)
+
+    answers, locked = [], []
+    for user in users[1:]:
+        with CaptureQueriesContext(connection) as queries:
+            answers.append(client_of(user).post(f"/api/activities/{activity}/grab/").json())
+        locked.append(any("FOR UPDATE" in q["sql"] for q in queries))
+    assert answers == [{"outcome": "sold_out"}] * 3
+    assert locked == [True, False, False]  # the first asked the strategy, the others did not
+    assert finished._seen[activity].until == due + seconds
+    flag_ms = get_redis_connection("default").pttl(finished.key(activity))
+    assert seconds * 1000 - 1000 < flag_ms <= seconds * 1000
+
+
+def test_a_renewing_request_whose_answer_is_not_final_lets_another_through_later(
+    make_users, sender, monkeypatch
+):
+    """The user sent to renew holds a packet (the strategy answers already_grabbed, which says
+    nothing of the end): the memory is not renewed, and after RENEW_RETRY_SHARE of the period
+    the next request asks again."""
+    holder, other = make_users(2)
+    activity = send(sender, "pessimistic", count=1)
+    assert client_of(holder).post(f"/api/activities/{activity}/grab/").json()["outcome"] == (
+        "grabbed"
+    )
+    client_of(other).post(f"/api/activities/{activity}/grab/")
+    seen = finished._seen[activity]
+    until, due = seen.until, seen.renew_from
+    monkeypatch.setattr(finished, "clock", lambda: due)
+    assert finished.answer(activity, holder.pk) is None  # sent to the strategy
+    finished.learn(activity, GrabResult(Outcome.ALREADY_GRABBED, 100))
+    assert finished._seen[activity].until == until  # not renewed
+    assert finished.answer(activity, other.pk) == GrabResult(Outcome.SOLD_OUT)  # from memory
+    later = due + 1.01 * finished.RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
+    monkeypatch.setattr(finished, "clock", lambda: later)
+    assert finished.answer(activity, other.pk) is None  # the next one asks
+
+
 def test_a_full_line_is_answered_at_once_409_shed_and_other_activities_are_not(make_users, sender):
     users = make_users(3)
     HeldStrategy.release.clear()
