@@ -147,8 +147,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
     # the lower of the two bounds the run.
     web = {"Locust": measured("web"), "wrk": measured("web_wrk")}
     # A hot burst's p99 is held to its requests ÷ the ping's rate + 1 s: the ping in the same
-    # shape (every user at once on its own connection) where it was measured (wrk), and the
-    # kept-alive ping of the run's own generator beside it.
+    # shape (every user at once on its own connection) where it was measured (wrk: the burst
+    # just before the run, else the one at the start), and the kept-alive ping of the run's own
+    # generator beside it.
     burst = {"Locust": None, "wrk": measured("web_burst")}
     for name in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == name]
@@ -176,7 +177,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
                 bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
                 if row["run"].startswith("HTTP hot"):
                     _p99_budget(row, "kept_alive", web[generator])
-                    _p99_budget(row, "burst", burst[generator])
+                    beside = row.get("ping_burst_beside_per_s")
+                    ping = {"requests_per_s": beside} if beside else burst[generator]
+                    _p99_budget(row, "burst", ping)
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
@@ -499,13 +502,7 @@ class Compare:
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
         self._quiet()
         try:
-            summary = self._wrk_ping(
-                c.hot_users,
-                once=True,
-                connections=c.hot_users,
-                seconds=c.hot_seconds,
-                log="wrk-ping-burst.log",
-            )
+            summary = self._wrk_ping_burst("wrk-ping-burst.log")
         except RuntimeError as exc:
             found = Ceiling(name, "web_burst", "wrk", None, note=f"failed: {exc}")
         else:
@@ -589,7 +586,7 @@ class Compare:
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
         self._quiet()
-        beside = None if hot else self._ping_beside(name)
+        beside = self._ping_burst_beside(name) if hot else self._ping_beside(name)
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -613,7 +610,9 @@ class Compare:
             # this many: each wrk thread goes round its own share of the users.
             row["repeated_users"] = row["requests"] - users
             self.log(f"  warning: {row['repeated_users']} requests past the {users} users")
-        if beside is not None and row.get("requests_per_s"):
+        if hot and beside is not None:
+            row["ping_burst_beside_per_s"] = beside
+        elif beside is not None and row.get("requests_per_s"):
             row["ping_beside_per_s"] = beside
             row["of_ping_beside"] = round(row["requests_per_s"] / beside, 4)
         granted = row.pop("granted", None)
@@ -650,6 +649,34 @@ class Compare:
         )
         self._quiet()  # its connections closed before the run it is beside
         return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+
+    def _ping_burst_beside(self, name: str) -> float | None:
+        """The ping burst again (`_measure_web_burst`'s shape), just before a strategy's hot
+        burst: a hot burst's p99 budget is its requests ÷ this rate + 1 s (`assign_ceilings`),
+        for the reason `_ping_beside` gives. None when the burst was not answered in full or
+        wrk was its bottleneck (then the one at the start counts)."""
+        try:
+            ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-beside.log")
+        except RuntimeError as exc:
+            self.log(f"  ping burst beside it: failed ({exc})")
+            return None
+        pongs = ping["statuses"].get("200", 0)
+        self.log(
+            f"  ping burst beside it: {_rate(ping['requests_per_s'])}, p99 {ping['p99_ms']} ms"
+            f" ({pongs} of {ping['requests']} answered 200)"
+        )
+        self._quiet()
+        if pongs != ping["requests"] or ping["generator_bound"]:
+            return None
+        return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+
+    def _wrk_ping_burst(self, log: str) -> dict[str, Any]:
+        """The ping in the hot burst's shape: every hot user at once, one request each on a
+        connection of its own."""
+        c = self.config
+        return self._wrk_ping(
+            c.hot_users, once=True, connections=c.hot_users, seconds=c.hot_seconds, log=log
+        )
 
     def _wrk_ping(
         self, users: int, *, once: bool, connections: int, seconds: int, log: str
