@@ -23,12 +23,14 @@ without its row). Closed is final and never replaced by sold out. Memory lasts n
 the flag it was learned from, so REDPACK_FINISHED_SECONDS bounds how long an end is believed
 (0 turns the fast answers off).
 
-How the memory is kept while a burst lasts: past RENEW_SHARE of its life, one request at a time
-(per process and activity) is sent to the strategy again while the others are still answered
-from memory; the strategy's final answer renews the memory and the flag for a whole period
-(`learn`). Without it, every process's memory and the flag ended together every period, and
-every request in flight at that moment went to the strategy (a row lock each, for the MySQL
-strategies) before one answer taught the process again.
+How the memory is kept while a burst lasts: past RENEW_SHARE of its life, one request per
+RENEW_RETRY_SHARE of the period (per process and activity) is sent to the strategy again while
+the others are still answered from memory; a final answer of the strategy from then on renews
+the memory (its holders read again) and the flag for a whole period (`learn`), and a grant
+then (a packet given back) ends a sold-out memory and its flag. Without it, every process's
+memory and the flag ended together every period, and every request in flight at that moment
+went to the strategy (a row lock each, for the MySQL strategies) before one answer taught the
+process again.
 """
 
 import logging
@@ -53,6 +55,7 @@ logger = logging.getLogger(__name__)
 clock = time.monotonic  # what the memory ages by (tests set it)
 FINAL = {Outcome.SOLD_OUT, Outcome.CLOSED}
 MAX_REMEMBERED = 1024  # activities one process remembers at most (then it starts afresh)
+NEVER = float("-inf")
 
 
 def key(activity_id: int) -> str:
@@ -69,7 +72,7 @@ class _Seen:
     read_at: float = 0.0
     reading: threading.Lock = field(default_factory=threading.Lock)
     renew_from: float = 0.0  # from then on, one request at a time asks the strategy again
-    renew_asked: float = float("-inf")  # when the last such request was let through
+    renew_asked: float = NEVER  # when the last such request was let through
 
 
 _lock = threading.Lock()
@@ -86,6 +89,10 @@ _SHARE_SOLD_OUT = """
 if redis.call('GET', KEYS[1]) == 'closed' then return 0 end
 redis.call('SET', KEYS[1], 'sold_out', 'PX', ARGV[1])
 return 1
+"""
+_UNSHARE_SOLD_OUT = """
+if redis.call('GET', KEYS[1]) == 'sold_out' then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
@@ -146,21 +153,25 @@ def answer(
 def learn(activity_id: int, result: GrabResult) -> None:
     """Remember a strategy's final answer and tell the other processes (best effort: a process
     that does not hear of it learns from its own next answer). Sold out never replaces
-    closed."""
-    if result.outcome not in FINAL or not enabled():
+    closed. A final answer past the memory's `renew_from` renews it: a new memory, whose
+    holders are read again. A grant after a request was sent to renew a sold-out memory (a
+    packet given back) ends that memory, and the flag."""
+    if not enabled():
+        return
+    if result.outcome is Outcome.GRABBED:
+        _forget_sold_out(activity_id)
+        return
+    if result.outcome not in FINAL:
         return
     now = clock()
-    with _lock:
-        seen = _seen.get(activity_id)
+    seen = _seen.get(activity_id)
     seconds = settings.REDPACK_FINISHED_SECONDS
-    if seen is not None and seen.until > now and seen.outcome in {result.outcome, Outcome.CLOSED}:
-        if seen.outcome is not result.outcome or now < seen.renew_from:
-            return  # known, and not yet due for renewal
-        # Renewed: the same memory (the holders it read stay true) for another period.
-        with _lock:
-            seen.until, seen.renew_from = now + seconds, now + RENEW_SHARE * seconds
-    else:
-        _remember(activity_id, result.outcome, now, seconds)
+    if seen is not None and seen.until > now:
+        closed_already = seen.outcome is Outcome.CLOSED and result.outcome is not Outcome.CLOSED
+        not_due = seen.outcome is result.outcome and now < seen.renew_from
+        if closed_already or not_due:
+            return  # sold out never replaces closed; a known end is renewed once due
+    _remember(activity_id, result.outcome, now, seconds)
     ttl_ms = max(1, int(seconds * 1000))
     try:
         client = get_redis_connection("default")
@@ -171,6 +182,22 @@ def learn(activity_id: int, result: GrabResult) -> None:
     except RedisError as exc:
         metrics.store_error(exc, "finished_flag")
         logger.warning("activity %s: could not share that it is %s: %s", activity_id, result, exc)
+
+
+def _forget_sold_out(activity_id: int) -> None:
+    """A grant after a request was sent to renew the sold-out memory: a packet was given back
+    (a grant of the batch that sold out, learned just after its sold_out, is not one)."""
+    seen = _seen.get(activity_id)
+    if seen is None or seen.outcome is not Outcome.SOLD_OUT or seen.renew_asked == NEVER:
+        return
+    with _lock:
+        if _seen.get(activity_id) is seen:
+            del _seen[activity_id]
+    try:
+        get_redis_connection("default").eval(_UNSHARE_SOLD_OUT, 1, key(activity_id))
+    except RedisError as exc:
+        metrics.store_error(exc, "finished_flag")
+        logger.warning("activity %s: could not take back that it is sold out: %s", activity_id, exc)
 
 
 def _outcome(shared: str | bytes | None) -> Outcome | None:

@@ -21,8 +21,9 @@ worker, three things made it slow and its end late:
   the kernel's listen queue (4096 here) faster than that and the kernel dropped the rest; a
   dropped client sends again 1 s, 3 s, 7 s, 15 s later, and the burst ended that much later
   with the server idle (measured: one ping burst of 10,000 took 34 s, most of it idle). Here a
-  pass accepts every waiting connection that `may_accept` allows, so the slack is also how
-  many a pass can take: 256 (measured in docs/benchmarks.md, "Accepting a burst").
+  pass accepts every waiting connection that `may_accept` allows, each counted as it is
+  accepted: up to the slack more than the least busy other worker holds (256, measured in
+  docs/benchmarks.md, "Accepting a burst"), all that wait when no other worker can accept.
 - **A loop that costs more the more it holds.** gthread's main loop asked every pending request
   whether it had finished (`futures.wait` over all of them, a lock each) on every pass: with
   thousands of requests waiting for a thread, each pass cost milliseconds of the interpreter
@@ -30,8 +31,10 @@ worker, three things made it slow and its end late:
 
 Two smaller differences from gthread: a worker that holds `worker_connections` connections
 keeps serving its kept-alive ones (gthread's loop only waited for requests to finish), and one
-that is not polling the listening socket looks at the others again every 10 ms. Everything else
-(keep-alive, timeouts, graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
+that is not polling the listening socket looks at the others again every 10 ms; a worker that
+is stopping accepts no more, and one out of file descriptors (or memory) leaves the rest of
+the queue for later instead of failing. Everything else (keep-alive, timeouts, graceful
+shutdown) is gthread's. gunicorn.conf.py makes this the worker
 class of every redpack web server and frees a worker's slot when it exits (`release`).
 """
 
@@ -50,14 +53,17 @@ from typing import Any
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
-# How many more requests than the least busy worker a worker may hold and still accept, and so
-# how many a pass of its loop may accept at once: kept-alive traffic, which opens few
+# How many more requests than the least busy worker a worker may hold and still accept (each
+# connection a pass of its loop accepts counts at once): kept-alive traffic, which opens few
 # connections, never waits on this rule, and a burst is split within that much.
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
 SILENT_SECONDS = 1.0
+clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
+# accept() errors that say the process or the machine has no room for another connection now.
+OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
@@ -121,7 +127,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _unread_change(self, conn: Any, accepted: bool) -> None:
         if accepted:
             self._unread.add(conn)
-            self._unread_since.append((time.monotonic(), conn))
+            self._unread_since.append((clock(), conn))
         elif conn in self._unread:
             self._unread.discard(conn)
         else:
@@ -130,7 +136,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _forget_silent(self) -> None:
         """Connections accepted more than SILENT_SECONDS ago and still unread no longer count."""
-        since = time.monotonic() - SILENT_SECONDS
+        since = clock() - SILENT_SECONDS
         while self._unread_since and self._unread_since[0][0] < since:
             self._unread_change(self._unread_since.popleft()[1], accepted=False)
 
@@ -161,7 +167,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         """Every waiting connection `may_accept` allows, where gthread takes one per pass of
         its loop (see the module's docstring)."""
         others = self._others()
-        while self.nr_conns < self.worker_connections:
+        # Not once stopping: what it took now would be closed unanswered, and in the listen
+        # queue it waits for the other workers.
+        while self.alive and self.nr_conns < self.worker_connections:
             if not may_accept(self._holds(), others, ACCEPT_SLACK):
                 return
             try:
@@ -171,6 +179,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                     continue  # that one gave up; the next may be there
                 if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                     return  # none left
+                if exc.errno in OUT_OF_ROOM:
+                    # The rest wait in the listen queue (for the next pass, or another worker)
+                    # rather than this worker failing with every connection it holds.
+                    self.log.warning("accepting connections: %s; %s held", exc, self.nr_conns)
+                    return
                 raise
             conn = TConn(self.cfg, sock, client, server)
             self.nr_conns += 1

@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter, deque
 from typing import Any
@@ -63,6 +62,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     the other workers holding `others`."""
     worker = webworker.BalancedThreadWorker.__new__(webworker.BalancedThreadWorker)
     worker.cfg, worker.slot, worker.nr_conns, worker.worker_connections = Config(), -1, 0, 10_000
+    worker.alive = True
     worker.poller, worker._lock = selectors.DefaultSelector(), threading.RLock()
     worker._pending, worker._pending_lock = set(), threading.Lock()
     worker._unread, worker._unread_since = set(), deque()
@@ -100,6 +100,22 @@ def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
         listener.close()
 
 
+def test_a_stopping_worker_accepts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What it took would be closed unanswered; in the listen queue it waits for the others."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    worker.alive = False
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    client = socket.create_connection(listener.getsockname(), timeout=10)
+    try:
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == 0 and _waiting(listener) == 1
+    finally:
+        client.close()
+        listener.close()
+
+
 def test_an_accepted_connection_that_sends_nothing_stops_counting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -109,10 +125,14 @@ def test_an_accepted_connection_that_sends_nothing_stops_counting(
     client = socket.create_connection(listener.getsockname(), timeout=10)
     try:
         wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
-        now = time.monotonic()
+        now = webworker.clock()
+        monkeypatch.setattr(webworker, "clock", lambda: now)
         worker.accept(listener.getsockname(), listener)
         assert worker._holds() == 1
-        monkeypatch.setattr(time, "monotonic", lambda: now + webworker.SILENT_SECONDS + 1)
+        monkeypatch.setattr(webworker, "clock", lambda: now + webworker.SILENT_SECONDS)
+        worker._forget_silent()
+        assert worker._holds() == 1  # not yet
+        monkeypatch.setattr(webworker, "clock", lambda: now + webworker.SILENT_SECONDS + 0.01)
         worker._forget_silent()
         assert worker._holds() == 0
     finally:

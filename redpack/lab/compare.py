@@ -496,7 +496,9 @@ class Compare:
         """The ping in the hot burst's shape, from wrk: every hot user at once on a connection
         of its own, one request each. Accepting thousands of connections at once costs the
         server more per request than kept-alive requests do, so a hot burst's p99 is held to
-        users ÷ this rate + 1 s, beside the kept-alive ping's budget (`_p99_budget`)."""
+        users ÷ the rate of this shape + 1 s, beside the kept-alive ping's budget
+        (`_p99_budget`): of the ping burst just before it (`_ping_burst_beside`), else of this
+        one."""
         c = self.config
         self.log(f"ceiling: web server, GET /api/ping/ burst from wrk ({c.hot_users} connections)")
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
@@ -514,12 +516,11 @@ class Compare:
             )
             if summary["generator_bound"]:
                 note += "; generator-bound: not a ceiling of the server"
-            usable = pongs == summary["requests"] and not summary["generator_bound"]
             found = Ceiling(
                 name,
                 "web_burst",
                 f"wrk -t{wrk.THREADS} -c{summary['connections']}, one request each",
-                summary["requests_per_s"] if usable else None,
+                _burst_rate(summary),
                 p50_ms=summary["p50_ms"],
                 p99_ms=summary["p99_ms"],
                 note=note,
@@ -666,9 +667,7 @@ class Compare:
             f" ({pongs} of {ping['requests']} answered 200)"
         )
         self._quiet()
-        if pongs != ping["requests"] or ping["generator_bound"]:
-            return None
-        return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+        return _burst_rate(ping)
 
     def _wrk_ping_burst(self, log: str) -> dict[str, Any]:
         """The ping in the hot burst's shape: every hot user at once, one request each on a
@@ -814,6 +813,15 @@ class Compare:
                     f" ({_rate(row.get('ping_beside_per_s'))})"
                 )
             )
+
+
+def _burst_rate(summary: dict[str, Any]) -> float | None:
+    """A ping burst's rate, if it can bound a hot burst: every request answered 200, and wrk
+    not its bottleneck."""
+    usable = summary["statuses"].get("200", 0) == summary["requests"]
+    usable = usable and not summary["generator_bound"]
+    rate = summary.get("requests_per_s")
+    return float(rate) if usable and rate else None
 
 
 def _relative(value: object) -> object:

@@ -208,6 +208,8 @@ def test_past_half_its_life_one_request_renews_the_memory_and_the_others_are_ans
     due = finished._seen[activity].renew_from
     assert due < finished._seen[activity].until
     monkeypatch.setattr(finished, "clock", lambda: due)
+    flag = finished.key(activity)
+    get_redis_connection("default").pexpire(flag, 50)  # the flag near its end, as the memory
 
     answers, locked = [], []
     for user in users[1:]:
@@ -217,8 +219,9 @@ def test_past_half_its_life_one_request_renews_the_memory_and_the_others_are_ans
     assert answers == [{"outcome": "sold_out"}] * 3
     assert locked == [True, False, False]  # the first asked the strategy, the others did not
     assert finished._seen[activity].until == due + seconds
-    flag_ms = get_redis_connection("default").pttl(finished.key(activity))
-    assert seconds * 1000 - 1000 < flag_ms <= seconds * 1000
+    assert finished._seen[activity].renew_asked == finished.NEVER  # a new memory
+    flag_ms = get_redis_connection("default").pttl(flag)
+    assert seconds * 1000 - 1000 < flag_ms <= seconds * 1000  # renewed for the others too
 
 
 def test_a_renewing_request_whose_answer_is_not_final_lets_another_through_later(
@@ -243,6 +246,31 @@ def test_a_renewing_request_whose_answer_is_not_final_lets_another_through_later
     later = due + 1.01 * finished.RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
     monkeypatch.setattr(finished, "clock", lambda: later)
     assert finished.answer(activity, other.pk) is None  # the next one asks
+
+
+def test_a_grant_after_a_renewing_request_ends_the_sold_out_memory_and_its_flag(
+    make_users, sender, monkeypatch
+):
+    """A packet given back: the request sent to renew the memory is granted, so the end was
+    not final; the next requests ask the strategy. A grant learned before any renewal (the
+    batch that sold out, its grants learned after its sold_out) ends nothing."""
+    (user,) = make_users(1)
+    activity = send(sender, "pessimistic")
+    flag = finished.key(activity)
+    finished.learn(activity, GrabResult(Outcome.SOLD_OUT))
+    finished.learn(activity, GrabResult(Outcome.GRABBED, 100))  # same batch
+    assert finished.known(activity)
+    due = finished._seen[activity].renew_from
+    monkeypatch.setattr(finished, "clock", lambda: due)
+    assert finished.answer(activity, user.pk) is None  # sent to renew
+    finished.learn(activity, GrabResult(Outcome.GRABBED, 100))
+    assert not finished.known(activity)
+    assert get_redis_connection("default").get(flag) is None
+    finished.learn(activity, GrabResult(Outcome.CLOSED))
+    finished._seen[activity].renew_asked = due
+    finished.learn(activity, GrabResult(Outcome.GRABBED, 100))  # closed is never taken back
+    assert finished.known(activity)
+    assert get_redis_connection("default").get(flag) == b"closed"
 
 
 def test_a_full_line_is_answered_at_once_409_shed_and_other_activities_are_not(make_users, sender):
