@@ -71,7 +71,7 @@ class _Seen:
     holders: Holders | bool | None = None
     read_at: float = 0.0
     reading: threading.Lock = field(default_factory=threading.Lock)
-    renew_from: float = 0.0  # from then on, one request at a time asks the strategy again
+    renew_from: float = 0.0  # from then on, a request now and then asks the strategy again
     renew_asked: float = NEVER  # when the last such request was let through
 
 
@@ -228,9 +228,9 @@ def _remember(activity_id: int, outcome: Outcome, now: float, seconds: float) ->
 def _renewing(seen: _Seen, now: float) -> bool:
     """Whether this request goes to the strategy to renew the memory: past `renew_from`, one
     request per RENEW_RETRY_SHARE of the period (the first whose answer is final renews it)."""
-    if now < seen.renew_from:
-        return False
     retry = RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
+    if now < seen.renew_from or now - seen.renew_asked < retry:
+        return False  # read without the lock: every request of a burst asks
     with _lock:
         if now - seen.renew_asked < retry:
             return False
