@@ -196,6 +196,8 @@ def summarize(
         "statuses": dict(sorted(statuses.items())),  # HTTP status -> answers
         "unanswered": sum(causes[c] for c in UNANSWERED),
         "unexplained": 0,  # every answer has a cause, every missing one is counted as such
+        # Requests wrk sent again after a broken connection, as GET /healthz (wrk_grab.lua).
+        "resent": result.get("resent", 0),
         "grabbed": grabbed,
         "contended": contended,
         **run_rates(

@@ -12,6 +12,14 @@
 --                 writes WRK_DONE_DIR/<k> and stops. Else the users are taken round and round.
 --   WRK_DONE_DIR  see WRK_ONCE
 --
+-- A connection that breaks before its answer comes is opened again by wrk, which then asks
+-- request() for a new request without delay(). In a burst that would be the next user, past
+-- the thread's share round again to its first users: a second grab by a user (already_grabbed,
+-- counted as an answer) in place of the lost one, whose user would never hear back while the
+-- burst looked answered in full. So in a burst a request() that no delay() let through sends
+-- GET /healthz instead ("resent": counted apart, never as an answer), and the lost request
+-- stays unanswered.
+--
 -- done() prints one line, "WRK_RESULT <json>": answers by "status|outcome|reason|error code",
 -- the amounts of the `grabbed` answers, wrk's error counts, the latency percentiles and, for
 -- each bound of WRK_BOUNDS_MS, how many answers came within it (wrk's own record of latency,
@@ -38,7 +46,9 @@ function init(args)
   method = os.getenv("WRK_METHOD") or "POST"
   once = os.getenv("WRK_ONCE") == "1"
   done_dir = os.getenv("WRK_DONE_DIR")
-  next_user, sent, answered = 1, 0, 0
+  -- ready: requests that delay() let through and request() has not made yet (each connection's
+  -- delay() is followed by its request(), with other connections' calls in between).
+  next_user, sent, answered, resent, ready = 1, 0, 0, 0, 0
   answers, granted = {}, {}
 end
 
@@ -49,10 +59,20 @@ function delay()
     return 3600000
   end
   sent = sent + 1
+  ready = ready + 1
   return 0
 end
 
 function request()
+  if once and ready == 0 then
+    if sent == 0 then
+      -- wrk's check of the script (on thread 0's state, before any request): never sent.
+      return wrk.format(method, path, {["Authorization"] = tokens[1], ["Content-Length"] = "0"})
+    end
+    resent = resent + 1
+    return wrk.format("GET", "/healthz")
+  end
+  ready = ready - 1
   local index = next_user
   next_user = next_user % #tokens + 1
   return wrk.format(method, path, {
@@ -66,6 +86,9 @@ local function field(body, name)
 end
 
 function response(status, headers, body)
+  if body:match('^%s*{%s*"status"') then
+    return -- /healthz: the answer to a request sent again (see above), not a user's
+  end
   local outcome = field(body, "outcome")
   local key = status .. "|" .. outcome .. "|" .. field(body, "reason") .. "|" .. field(body, "code")
   answers[key] = (answers[key] or 0) + 1
@@ -102,8 +125,9 @@ local function at_most(latency, count, bound)
 end
 
 function done(summary, latency, requests)
-  local all_answers, all_granted = {}, {}
+  local all_answers, all_granted, all_resent = {}, {}, 0
   for _, thread in ipairs(threads) do
+    all_resent = all_resent + (thread:get("resent") or 0)
     for key, count in pairs(thread:get("answers") or {}) do
       all_answers[key] = (all_answers[key] or 0) + count
     end
@@ -131,6 +155,7 @@ function done(summary, latency, requests)
     '"errors":{"connect":', errors.connect, ',"read":', errors.read, ',"write":', errors.write,
     ',"status":', errors.status, ',"timeout":', errors.timeout, "},",
     '"answers":{', table.concat(parts, ","), "},",
+    '"resent":', all_resent, ",",
     '"granted":[', table.concat(all_granted, ","), "],",
     '"percentiles_us":{', table.concat(percentiles, ","), "},",
     '"max_us":', count > 0 and latency.max or 0, ",",

@@ -2,6 +2,8 @@
 real burst through gunicorn whose `grabbed` answers match MySQL's rows."""
 
 import functools
+import socket
+import threading
 from decimal import Decimal
 
 import pytest
@@ -86,3 +88,58 @@ def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
     assert sorted(to_cents(a) for a in summary["granted"]) == sorted(to_cents(a) for a in rows)
     checked = wrk.audit_answers("redis_counter", activity.pk, summary["granted"], cut_off_at_most=0)
     assert checked["audit_ok"], checked["violations"]
+
+
+@pytest.mark.skipif(wrk.available() is None, reason="wrk is not installed")
+def test_a_request_lost_with_its_connection_stays_unanswered_and_no_user_grabs_twice(tmp_path):
+    """A server that closes the first connection it gets without answering: wrk opens it again
+    and asks the script for a new request. In a burst that must not be another user's grab (past
+    the thread's share, a user grabbing twice): wrk_grab.lua sends GET /healthz instead, counted
+    apart (`resent`), and the lost user's request is reported unanswered."""
+    seen: list[bytes] = []
+    dropped = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                line = data.split(b"\r\n", 1)[0]
+                if b"/grab/" in line and not dropped.is_set():
+                    dropped.set()  # the first grab: its connection closes without an answer
+                    return
+                auth = [h for h in data.split(b"\r\n") if h.lower().startswith(b"authorization")]
+                seen.append(line + b" " + (auth[0] if auth else b""))
+                body = b'{"status": "ok"}' if b"/healthz" in line else b'{"outcome": "sold_out"}'
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+
+    threading.Thread(target=serve, daemon=True).start()
+    tokens = [f"Bearer user-{n}" for n in range(wrk.THREADS)]
+    try:
+        summary = wrk.grab_run(
+            url=f"http://127.0.0.1:{port}/api/activities/1/grab/",
+            tokens=tokens,
+            once=True,
+            connections=len(tokens),
+            seconds=3,
+            log=tmp_path / "wrk.log",
+        )
+    finally:
+        listener.close()
+    grabs = [s for s in seen if b"/grab/" in s]
+    assert len(grabs) == len(set(grabs)) == len(tokens) - 1  # each user at most once
+    assert summary["resent"] >= 1
+    assert summary["unanswered"] == 1 and summary["outcomes"] == {"sold_out": len(tokens) - 1}
