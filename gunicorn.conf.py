@@ -43,6 +43,10 @@ def on_starting(server):  # type: ignore[no-untyped-def]
         directory = tempfile.mkdtemp(prefix="redpack-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
         _own_metrics_dir.append(directory)
+    # Imported here, once the directory is set (prometheus-client picks its multiprocess values
+    # when first imported), and not first in child_exit: a worker that exits while another's
+    # exit is importing it (a stop reaps both) would find it half imported.
+    import prometheus_client.multiprocess  # noqa: F401
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

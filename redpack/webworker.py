@@ -33,15 +33,19 @@ Two smaller differences from gthread: a worker that holds `worker_connections` c
 keeps serving its kept-alive ones (gthread's loop only waited for requests to finish), and one
 that is not polling the listening socket looks at the others again every 10 ms; a worker that
 is stopping accepts no more, and one out of file descriptors (or memory) leaves the rest of
-the queue for later instead of failing. Everything else (keep-alive, timeouts, graceful
-shutdown) is gthread's. gunicorn.conf.py makes this the worker
+the queue for later instead of failing. A kept-alive connection whose keep-alive ran out
+during a long pass of the loop is served if its next request has come (gthread closed it
+unread, and the client was reset: `murder_keepalived`). Everything else (keep-alive, timeouts,
+graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
 class of every redpack web server and frees a worker's slot when it exits (`release`).
 """
 
+import contextlib
 import ctypes
 import errno
 import os
 import selectors
+import socket
 import threading
 import time
 from collections import deque
@@ -100,6 +104,16 @@ def release(slot: int) -> None:
         _ready[slot] = 0
         _held[slot] = 0
         _owner[slot] = 0
+
+
+def _request_waiting(sock: socket.socket) -> bool:
+    """Whether the client has sent something on this connection that is not read yet."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False  # nothing yet
+    except OSError:
+        return False  # reset or closed: nothing to serve
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
@@ -196,6 +210,33 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
         self._unread_change(conn, accepted=False)  # counted as a request from now on, if any
         super().on_client_socket_readable(conn, client)
+
+    def murder_keepalived(self) -> None:
+        """gthread's, except that a kept-alive connection whose next request has come is served,
+        not closed. A pass of the loop can take seconds in a burst (every call of it waits for
+        the interpreter lock behind the request threads); gthread then closed every connection
+        whose keep-alive had run out meanwhile, those whose next request had arrived during
+        the pass included, unread: the kernel answers that with a reset and the client never
+        hears back (seen in hot bursts: a client that sent its next request 40 ms after its
+        answer was reset 2.1 s later)."""
+        now = time.time()
+        while True:
+            with self._lock:
+                if not self._keep or self._keep[0].timeout > now:
+                    return
+                conn = self._keep[0]
+                waiting = _request_waiting(conn.sock)
+                if not waiting:
+                    self._keep.popleft()
+                    self.nr_conns -= 1
+                    # Already out of the poller is fine, as in gthread's.
+                    with contextlib.suppress(KeyError, ValueError, OSError):
+                        self.poller.unregister(conn.sock)
+            if waiting:
+                # Off the keep-alive queue and to a thread, as its readable event would have.
+                self.on_client_socket_readable(conn, conn.sock)
+            else:
+                conn.close()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._ready_to_accept(False)  # graceful stop: the others stop counting on this one now

@@ -14,6 +14,7 @@ import pytest
 import redis
 from django.conf import settings
 from gunicorn.config import Config
+from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
 
@@ -140,6 +141,42 @@ def test_an_accepted_connection_that_sends_nothing_stops_counting(
             key.fileobj.close()  # type: ignore[union-attr]
         client.close()
         listener.close()
+
+
+def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two kept-alive connections whose keep-alive ran out during a pass of the loop: the one
+    whose client has sent its next request goes to a thread (gthread closed it unread, and the
+    kernel reset it: a request without an answer); the idle one is closed, as gthread does."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    worker._keep = deque()
+    served: list[Any] = []
+    monkeypatch.setattr(worker, "enqueue_req", served.append)
+    pairs = [socket.socketpair() for _ in range(2)]
+    (asking_server, asking_client), (idle_server, idle_client) = pairs
+    conns = []
+    for server_side, _ in pairs:
+        conn = TConn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
+        conn.initialized = True
+        conn.timeout = 0.0  # ran out long ago
+        worker._keep.append(conn)
+        worker.poller.register(server_side, selectors.EVENT_READ)
+        worker.nr_conns += 1
+        conns.append(conn)
+    try:
+        asking_client.sendall(b"POST /api/activities/1/grab/ HTTP/1.1\r\n\r\n")
+        worker.murder_keepalived()
+        assert served == [conns[0]]  # to a thread, with its request unread
+        assert asking_server.fileno() != -1
+        assert idle_server.fileno() == -1  # closed
+        assert idle_client.recv(1) == b""  # the client sees the close, not a reset
+        assert list(worker._keep) == [] and worker.nr_conns == 1
+        assert not worker.poller.get_map()  # neither waits in the loop's poller any more
+    finally:
+        for server_side, client_side in pairs:
+            server_side.close()
+            client_side.close()
 
 
 def _waiting(listener: socket.socket) -> int:

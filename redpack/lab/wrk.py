@@ -198,6 +198,9 @@ def summarize(
         "unexplained": 0,  # every answer has a cause, every missing one is counted as such
         # Requests wrk sent again after a broken connection, as GET /healthz (wrk_grab.lua).
         "resent": result.get("resent", 0),
+        # wrk's own count of what went wrong on its side: sockets that failed to connect, to
+        # be read or written (each one a connection it opened again), and status >= 400.
+        "generator_errors": dict(result["errors"]),
         "grabbed": grabbed,
         "contended": contended,
         **run_rates(
