@@ -5,22 +5,19 @@ round trips, and grabs of one activity run in series at the rate of that hand-of
 grabs that arrive in one process while a batch runs join the next batch (strategies/combiner.py:
 a lone grab runs at once, as a batch of one), and one transaction serves the batch:
 
-1. which of the batch's users already hold a packet (one SELECT … IN, before the transaction,
-   so the row is not held for it; a batch of one reads its user's grab with the row instead);
-2. SELECT … FOR UPDATE on the activity row (status, expiry, what is left);
-3. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
+1. SELECT … FOR UPDATE on the activity row (status, expiry, what is left), with which of the
+   batch's users already hold a packet as a subquery of the same statement (one round trip);
+2. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
    the same user twice in the batch: one packet, the later click `already_grabbed`;
-4. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
+3. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
 
 A web request's own checks (its user's ban and throttle) are made for the whole batch in one
 Redis script run before the lookup (`checked_batch`, strategies/request_checks.py), instead of
 one round trip per request before it; a refused member takes no part in the transaction.
 
-What it locks: the activity row, once per batch, for four round trips (the row, the UPDATE,
-the INSERT, the COMMIT). What it checks twice: a grab committed by another process between the
-lookup and the row lock is caught by UNIQUE (activity, user): the batch's INSERT is refused and
-the batch runs once more, its lookup then made under the lock. Every other check is made under
-the row lock.
+What it locks: the activity row, once per batch, for four round trips (the row with the
+lookup, the UPDATE, the INSERT, the COMMIT). Every check is made under the row lock, which every
+writer of the activity's grabs takes first; UNIQUE (activity, user) stays the last line.
 
 Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
 during COMMIT) either every row of the batch exists or none does; MySQL is asked which on a
@@ -51,9 +48,8 @@ from .steps import (
     after_duplicate,
     close_row_locked,
     grab_transaction,
-    held_marks,
     insert_grab_rows,
-    read_for_grab,
+    read_for_batch,
     refusal,
     take_from_surplus,
     written_row,
@@ -104,25 +100,15 @@ class GroupCommitStrategy(GrabStrategy):
             return close_row_locked(activity_id=activity_id)
 
     def grab_batch(
-        self, activity_id: Hashable, user_ids: list[int], *, look_up_first: bool = True
+        self, activity_id: Hashable, user_ids: list[int]
     ) -> Sequence[GrabResult | Exception]:
-        """One transaction for the batch; one answer per member, in order.
-
-        `look_up_first`: a batch of more than one looks its members' grabs up before the
-        transaction, so that the row is not held for it (the module docstring); if a grab
-        committed in between makes the INSERT fail, the batch runs once more with the lookup
-        under the lock, and only if that fails too is each member run alone."""
+        """One transaction for the batch; one answer per member, in order."""
         assert isinstance(activity_id, int)
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
         try:
-            held = (
-                held_marks(activity_id=activity_id, user_ids=user_ids)
-                if look_up_first and len(user_ids) > 1
-                else None
-            )
             with grab_transaction():
-                planned, rows = self.plan(activity_id, user_ids, held)
+                planned, rows = self.plan(activity_id, user_ids)
                 if rows:
                     take_from_surplus(
                         activity_id=activity_id,
@@ -131,12 +117,10 @@ class GroupCommitStrategy(GrabStrategy):
                     )
                     insert_grab_rows(activity_id=activity_id, rows=rows)
         except IntegrityError as exc:
-            if len(user_ids) > 1 and look_up_first:
-                # Most likely a double click whose other click another process wrote between
-                # the lookup and the lock: looked up under the lock, the batch is exact.
-                connection.close_if_unusable_or_obsolete()
-                return self.grab_batch(activity_id, user_ids, look_up_first=False)
-            if len(user_ids) > 1:  # a member MySQL refuses (a user that no longer exists)
+            # The members' grabs were looked up under the row lock, which every writer of this
+            # activity's grabs holds: a member MySQL refuses is one that does not exist (a
+            # signed token outliving its user), or, alone, whatever after_duplicate finds.
+            if len(user_ids) > 1:
                 return [self.alone(activity_id, user_id) for user_id in user_ids]
             try:
                 return [after_duplicate(activity_id=activity_id, user_id=user_ids[0], error=exc)]
@@ -150,23 +134,13 @@ class GroupCommitStrategy(GrabStrategy):
             return self.settle_in_doubt(activity_id, user_ids, planned, rows)
         return planned
 
-    def plan(
-        self, activity_id: int, user_ids: list[int], held: dict[int, GrabRow] | None
-    ) -> tuple[list[GrabResult], list[GrabRow]]:
-        """Under the activity's row lock: every member's answer and the rows to write. `held`:
-        the members' grabs MySQL held just before the transaction; None: looked up here, under
-        the lock (a batch of one reads its user's grab with the row)."""
-        alone = user_ids[0] if len(user_ids) == 1 else None
-        activity, alone_holds = read_for_grab(activity_id=activity_id, user_id=alone)
+    def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
+        """Under the activity's row lock, read with the members' grabs in one statement
+        (steps.read_for_batch): every member's answer and the rows to write."""
+        activity, holding = read_for_batch(activity_id=activity_id, user_ids=user_ids)
         refused = refusal(activity, user_id=None)
         if refused is not None and refused.outcome is Outcome.CLOSED:
             return [refused] * len(user_ids), []
-        if alone is not None:
-            holding = {} if alone_holds is None else {alone: alone_holds}
-        else:
-            if held is None:
-                held = held_marks(activity_id=activity_id, user_ids=user_ids)
-            holding = {user_id: row.cents for user_id, row in held.items()}
         left_cents, left_count = to_cents(activity.surplus_amount), activity.surplus_count
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []

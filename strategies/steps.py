@@ -139,7 +139,43 @@ def read_for_grab(
     with connection.cursor() as cursor:
         cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=lock))
         row = cursor.fetchone()
-    if lock:
+    activity, held = _activity_read(activity_id, row, locked=lock)
+    return activity, None if held is None else to_cents(held)
+
+
+def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, dict[int, int]]:
+    """`read_for_grab` for a batch of users: the activity row, locked, and the cents of each of
+    these users' grabs (those that have one). On MySQL one raw statement, the lookup as a
+    subquery, so the batch's users are looked up under the lock in the same round trip."""
+    if connection.vendor != "mysql":
+        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        held_rows = held_marks(activity_id=activity_id, user_ids=user_ids)
+        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
+    users = sorted({int(user_id) for user_id in user_ids})  # integers only, written inline
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
+            " a.version,"
+            " (SELECT GROUP_CONCAT(d.user_id, ':', d.amount SEPARATOR ',')"
+            f"   FROM {GrabDetail._meta.db_table} d"
+            f"   WHERE d.activity_id = a.id AND d.user_id IN ({', '.join(map(str, users))}))"
+            f" FROM {Activity._meta.db_table} a WHERE a.id = %s FOR UPDATE",
+            [activity_id],
+        )
+        row = cursor.fetchone()
+    activity, held = _activity_read(activity_id, row, locked=True)
+    holding: dict[int, int] = {}
+    for pair in held.split(",") if held else []:
+        user, _, amount = pair.partition(":")
+        holding[int(user)] = to_cents(amount)
+    return activity, holding
+
+
+def _activity_read(
+    activity_id: int, row: tuple[Any, ...] | None, *, locked: bool
+) -> tuple[Activity, Any]:
+    """The activity of a `read_for_grab_sql`-shaped row, and the row's last column."""
+    if locked:
         holds.taken()
     if row is None:
         raise Activity.DoesNotExist(f"activity {activity_id} does not exist")
@@ -155,7 +191,7 @@ def read_for_grab(
         allocation=kind,
         version=version,
     )
-    return activity, None if held is None else to_cents(held)
+    return activity, held
 
 
 def held_cents(*, activity_id: int, user_id: int) -> int | None:

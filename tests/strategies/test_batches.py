@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django_redis import get_redis_connection
 from redis.exceptions import ResponseError
 
@@ -244,45 +244,55 @@ def test_a_process_killed_mid_batch_leaves_no_grab_half_made(strategy, make_user
     assert_consistent(activity)
 
 
-def test_a_grab_committed_between_a_batchs_lookup_and_its_row_lock_is_not_given_twice(
-    make_users, sender, monkeypatch
-):
-    """group_commit looks its members' grabs up before it locks the activity row: a grab of one
-    of them that another process commits in between is caught by UNIQUE (activity, user), and
-    the batch runs once more, its lookup made under the lock."""
-    from strategies import group_commit
-
+def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender):
+    """group_commit reads which of its members already hold a grab in the statement that locks
+    the activity row: a grab another process commits while the batch waits for that lock is
+    seen, and its user hears `already_grabbed` with that amount, not a second packet."""
     activity = send(sender, "group_commit")
     first, second = make_users(2)
-    looked_up = group_commit.held_marks
-    elsewhere: list[object] = []
-
-    def lookup_then_another_process_grabs(**kwargs):  # type: ignore[no-untyped-def]
-        held = looked_up(**kwargs)
-        if elsewhere:  # the batch's second run looks up under the lock: nothing more
-            return held
-        # Another connection (another process, as far as MySQL knows) grabs for `first` now;
-        # were the lookup made under the row lock, it would wait 2 s for it and fail.
-        with ThreadPoolExecutor(1) as other:
-            elsewhere.append(other.submit(grab_elsewhere).result())
-        return held
-
-    def grab_elsewhere() -> list[object]:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
-            return run_batch("group_commit", activity.pk, [first.pk])
-        finally:
-            connection.close()
-
-    monkeypatch.setattr(group_commit, "held_marks", lookup_then_another_process_grabs)
-    answers = run_batch("group_commit", activity.pk, [first.pk, second.pk])
-    ((earlier,),) = elsewhere
-    assert isinstance(earlier, GrabResult) and earlier.outcome is Outcome.GRABBED
-    assert answers[0] == GrabResult(Outcome.ALREADY_GRABBED, earlier.amount_cents)
+    other = connections.create_connection("default")  # another process, as far as MySQL knows
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("START TRANSACTION")
+            cursor.execute(
+                "SELECT id FROM t_redpack_activity WHERE id = %s FOR UPDATE", [activity.pk]
+            )
+            cursor.execute(
+                "INSERT INTO t_redpack_detail (activity_id, user_id, amount, created_at)"
+                " VALUES (%s, %s, 1.25, NOW(6))",
+                [activity.pk, first.pk],
+            )
+            cursor.execute(
+                "UPDATE t_redpack_activity SET surplus_count = surplus_count - 1,"
+                " surplus_amount = surplus_amount - 1.25 WHERE id = %s",
+                [activity.pk],
+            )
+        with ThreadPoolExecutor(1) as pool:
+            batch = pool.submit(run_batch_on_own_connection, activity.pk, [first.pk, second.pk])
+            servers.wait_for(lambda: _lock_waits(other) == 1, "the batch waiting for the row lock")
+            other.commit()
+            answers = batch.result(timeout=30)
+    finally:
+        other.close()
+    assert answers[0] == GrabResult(Outcome.ALREADY_GRABBED, 125)
     assert isinstance(answers[1], GrabResult) and answers[1].outcome is Outcome.GRABBED
-    assert rows_of(activity) == {first.pk: earlier.amount_cents, second.pk: answers[1].amount_cents}
+    assert rows_of(activity) == {first.pk: 125, second.pk: answers[1].amount_cents}
     assert_consistent(activity)
+
+
+def run_batch_on_own_connection(activity_id: int, user_ids: list[int]) -> list[object]:
+    try:
+        return run_batch("group_commit", activity_id, user_ids)
+    finally:
+        connection.close()
+
+
+def _lock_waits(other) -> int:  # type: ignore[no-untyped-def]
+    with other.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        )
+        return int(cursor.fetchone()[0])
 
 
 def test_a_user_mysql_knows_whose_popped_packet_is_taken_hears_already_grabbed(make_users, sender):
