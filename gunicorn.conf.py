@@ -48,6 +48,8 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     # exit is importing it (a stop reaps both) would find it half imported.
     import prometheus_client.multiprocess  # noqa: F401
 
+    from redpack import webworker  # noqa: F401  (child_exit's, whatever the worker class)
+
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]
     """A worker that is gone no longer counts in live gauges (its counters stay summed)."""

@@ -44,6 +44,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import select
 import selectors
 import socket
 import threading
@@ -107,13 +108,15 @@ def release(slot: int) -> None:
 
 
 def _request_waiting(sock: socket.socket) -> bool:
-    """Whether the client has sent something on this connection that is not read yet."""
-    try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return False  # nothing yet
-    except OSError:
-        return False  # reset or closed: nothing to serve
+    """Whether the client has sent something on this connection that is not read yet (or closed
+    it: the thread that reads it then finds that, and closes it as a readable event would). A
+    poll of this one socket (any descriptor number), and for TLS what its buffer holds."""
+    pending = getattr(sock, "pending", None)  # ssl.SSLSocket: bytes decrypted, not read yet
+    if pending is not None and pending():
+        return True
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    return bool(poll.poll(0))
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]

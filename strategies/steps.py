@@ -146,26 +146,34 @@ def read_for_grab(
 def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, dict[int, int]]:
     """`read_for_grab` for a batch of users: the activity row, locked, and the cents of each of
     these users' grabs (those that have one). On MySQL one raw statement, the lookup as a
-    subquery, so the batch's users are looked up under the lock in the same round trip."""
-    if connection.vendor != "mysql":
-        activity = Activity.objects.select_for_update().get(pk=activity_id)
-        held_rows = held_marks(activity_id=activity_id, user_ids=user_ids)
-        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
+    subquery, so the batch's users are looked up under the lock in the same round trip; if the
+    server cut the list short (group_concat_max_len), they are looked up again, still under
+    the lock."""
     users = sorted({int(user_id) for user_id in user_ids})  # integers only, written inline
+    if connection.vendor != "mysql" or not users:
+        activity = Activity.objects.select_for_update().get(pk=activity_id)
+        holds.taken()
+        held_rows = held_marks(activity_id=activity_id, user_ids=users) if users else {}
+        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
+    among = f"d.activity_id = a.id AND d.user_id IN ({', '.join(map(str, users))})"
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT a.status, a.expires_at, a.surplus_count, a.surplus_amount, a.allocation,"
             " a.version,"
             " (SELECT GROUP_CONCAT(d.user_id, ':', d.amount SEPARATOR ',')"
-            f"   FROM {GrabDetail._meta.db_table} d"
-            f"   WHERE d.activity_id = a.id AND d.user_id IN ({', '.join(map(str, users))}))"
+            f"   FROM {GrabDetail._meta.db_table} d WHERE {among}),"
+            f" (SELECT COUNT(*) FROM {GrabDetail._meta.db_table} d WHERE {among})"
             f" FROM {Activity._meta.db_table} a WHERE a.id = %s FOR UPDATE",
             [activity_id],
         )
         row = cursor.fetchone()
-    activity, held = _activity_read(activity_id, row, locked=True)
+    activity, held = _activity_read(activity_id, None if row is None else row[:-1], locked=True)
+    pairs = held.split(",") if held else []
+    if len(pairs) != row[-1]:  # cut short: every pair is not there (or the last is partial)
+        held_rows = held_marks(activity_id=activity_id, user_ids=users)
+        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
     holding: dict[int, int] = {}
-    for pair in held.split(",") if held else []:
+    for pair in pairs:
         user, _, amount = pair.partition(":")
         holding[int(user)] = to_cents(amount)
     return activity, holding

@@ -170,10 +170,12 @@ def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
         assert served == [conns[0]]  # to a thread, with its request unread
         assert asking_server.fileno() != -1
         assert idle_server.fileno() == -1  # closed
+        idle_client.settimeout(10)
         assert idle_client.recv(1) == b""  # the client sees the close, not a reset
         assert list(worker._keep) == [] and worker.nr_conns == 1
         assert not worker.poller.get_map()  # neither waits in the loop's poller any more
     finally:
+        worker.poller.close()
         for server_side, client_side in pairs:
             server_side.close()
             client_side.close()

@@ -392,8 +392,9 @@ def mysql_raw_grabs(*, per_transaction: int, grabs: int, concurrency: int) -> Ce
     own tables (a real activity of `grabs` packets, real bench users, every constraint and
     index), each transaction taking `per_transaction` grabs of the hot activity row: lock the
     row, look up the users, decrement, insert their rows, commit. One grab per transaction is
-    the seeds' shape (pessimistic's statements); 32 is group commit's. The activity and its
-    rows are removed afterwards."""
+    the seeds' shape (pessimistic's statements); 32 is group commit's batch, with its lookup as
+    a statement of its own (group_commit makes it a subquery of the row's lock: one statement
+    fewer). The activity and its rows are removed afterwards."""
     db = settings.DATABASES["default"]
     kind = "mysql_raw" if per_transaction == 1 else "mysql_raw_batched"
     name = f"MySQL: raw grab transaction, {per_transaction} grab(s) each"

@@ -244,13 +244,39 @@ def test_a_process_killed_mid_batch_leaves_no_grab_half_made(strategy, make_user
     assert_consistent(activity)
 
 
-def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender):
+def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender, monkeypatch):
     """group_commit reads which of its members already hold a grab in the statement that locks
     the activity row: a grab another process commits while the batch waits for that lock is
-    seen, and its user hears `already_grabbed` with that amount, not a second packet."""
+    seen, and its user hears `already_grabbed` with that amount, not a second packet; the
+    batch's one INSERT is not refused (no member is run again alone)."""
+    from strategies import group_commit
+
     activity = send(sender, "group_commit")
     first, second = make_users(2)
+    inserts: list[object] = []
+    insert = group_commit.insert_grab_rows
+
+    def counted_insert(**kwargs):  # type: ignore[no-untyped-def]
+        inserts.append(kwargs["rows"])
+        return insert(**kwargs)
+
+    def not_alone(*args):  # type: ignore[no-untyped-def]
+        raise AssertionError("a member was run again alone: the lookup missed a grab")
+
+    monkeypatch.setattr(group_commit, "insert_grab_rows", counted_insert)
+    monkeypatch.setattr(group_commit.GroupCommitStrategy, "alone", not_alone)
     other = connections.create_connection("default")  # another process, as far as MySQL knows
+    batch_connection: list[int] = []
+
+    def batch_on_its_own_connection() -> list[object]:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT CONNECTION_ID()")
+                batch_connection.append(cursor.fetchone()[0])
+            return run_batch("group_commit", activity.pk, [first.pk, second.pk])
+        finally:
+            connection.close()
+
     try:
         with other.cursor() as cursor:
             cursor.execute("START TRANSACTION")
@@ -268,31 +294,67 @@ def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender):
                 [activity.pk],
             )
         with ThreadPoolExecutor(1) as pool:
-            batch = pool.submit(run_batch_on_own_connection, activity.pk, [first.pk, second.pk])
-            servers.wait_for(lambda: _lock_waits(other) == 1, "the batch waiting for the row lock")
-            other.commit()
+            batch = pool.submit(batch_on_its_own_connection)
+            try:
+                servers.wait_for(
+                    lambda: _waits_for_a_lock(other, batch_connection), "the batch at the row lock"
+                )
+            finally:
+                other.commit()  # the batch goes on, whatever happened here
             answers = batch.result(timeout=30)
     finally:
         other.close()
     assert answers[0] == GrabResult(Outcome.ALREADY_GRABBED, 125)
     assert isinstance(answers[1], GrabResult) and answers[1].outcome is Outcome.GRABBED
+    assert len(inserts) == 1  # one INSERT, of the second member's row alone
     assert rows_of(activity) == {first.pk: 125, second.pk: answers[1].amount_cents}
     assert_consistent(activity)
 
 
-def run_batch_on_own_connection(activity_id: int, user_ids: list[int]) -> list[object]:
+def test_a_lookup_the_server_cuts_short_is_made_again(make_users, sender, monkeypatch):
+    """The members' grabs come back as one GROUP_CONCAT, which the server cuts at
+    group_concat_max_len: a list cut short is not read as it is (a wrong amount, or a member
+    missed and refused by UNIQUE), the members are looked up again under the same lock."""
+    from strategies import group_commit
+
+    def not_alone(*args):  # type: ignore[no-untyped-def]
+        raise AssertionError("a member was run again alone: the lookup missed a grab")
+
+    activity = send(sender, "group_commit", count=4, total="4.00")
+    first, second, third = make_users(3)
+    earlier = run_batch("group_commit", activity.pk, [first.pk, second.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION group_concat_max_len = 4")  # the least MariaDB allows
+    monkeypatch.setattr(group_commit.GroupCommitStrategy, "alone", not_alone)
     try:
-        return run_batch("group_commit", activity_id, user_ids)
+        answers = run_batch("group_commit", activity.pk, [first.pk, second.pk, third.pk])
     finally:
-        connection.close()
+        connection.close()  # the session's setting goes with it
+    assert [a.outcome for a in earlier] == [Outcome.GRABBED] * 2  # type: ignore[union-attr]
+    assert answers[:2] == [
+        GrabResult(Outcome.ALREADY_GRABBED, a.amount_cents)  # type: ignore[union-attr]
+        for a in earlier
+    ]
+    assert isinstance(answers[2], GrabResult) and answers[2].outcome is Outcome.GRABBED
+    assert rows_of(activity) == {
+        first.pk: earlier[0].amount_cents,  # type: ignore[union-attr]
+        second.pk: earlier[1].amount_cents,  # type: ignore[union-attr]
+        third.pk: answers[2].amount_cents,
+    }
+    assert_consistent(activity)
 
 
-def _lock_waits(other) -> int:  # type: ignore[no-untyped-def]
+def _waits_for_a_lock(other, batch_connection: list[int]) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the batch's own connection is in a transaction waiting for a lock."""
+    if not batch_connection:
+        return False
     with other.cursor() as cursor:
         cursor.execute(
-            "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            "SELECT COUNT(*) FROM information_schema.innodb_trx"
+            " WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = %s",
+            batch_connection,
         )
-        return int(cursor.fetchone()[0])
+        return int(cursor.fetchone()[0]) == 1
 
 
 def test_a_user_mysql_knows_whose_popped_packet_is_taken_hears_already_grabbed(make_users, sender):
