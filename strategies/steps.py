@@ -143,6 +143,10 @@ def read_for_grab(
     return activity, None if held is None else to_cents(held)
 
 
+# One member's grab in read_for_batch's list: user id, amount (a DECIMAL(12, 2) has two decimals).
+_HELD_PAIR = re.compile(r"\d+:\d+\.\d\d")
+
+
 def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, dict[int, int]]:
     """`read_for_grab` for a batch of users: the activity row, locked, and the cents of each of
     these users' grabs (those that have one). On MySQL one raw statement, the lookup as a
@@ -169,7 +173,7 @@ def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, 
         row = cursor.fetchone()
     activity, held = _activity_read(activity_id, None if row is None else row[:-1], locked=True)
     pairs = held.split(",") if held else []
-    if len(pairs) != row[-1]:  # cut short: every pair is not there (or the last is partial)
+    if len(pairs) != row[-1] or not all(map(_HELD_PAIR.fullmatch, pairs)):  # cut short
         held_rows = held_marks(activity_id=activity_id, user_ids=users)
         return activity, {user_id: row.cents for user_id, row in held_rows.items()}
     holding: dict[int, int] = {}

@@ -313,34 +313,33 @@ def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender, mon
 
 def test_a_lookup_the_server_cuts_short_is_made_again(make_users, sender, monkeypatch):
     """The members' grabs come back as one GROUP_CONCAT, which the server cuts at
-    group_concat_max_len: a list cut short is not read as it is (a wrong amount, or a member
-    missed and refused by UNIQUE), the members are looked up again under the same lock."""
+    group_concat_max_len: a list cut short anywhere (a pair missing, an amount or a user id cut
+    in the middle) is not read as it is, the members are looked up again under the same lock,
+    and no member is refused by UNIQUE and run again alone."""
     from strategies import group_commit
 
     def not_alone(*args):  # type: ignore[no-untyped-def]
         raise AssertionError("a member was run again alone: the lookup missed a grab")
 
-    activity = send(sender, "group_commit", count=4, total="4.00")
-    first, second, third = make_users(3)
+    limits = range(4, 25)  # every cut of two pairs of a few characters each
+    activity = send(sender, "group_commit", count=2 + len(limits), total=f"{2 + len(limits)}.00")
+    first, second, *others = make_users(2 + len(limits))
     earlier = run_batch("group_commit", activity.pk, [first.pk, second.pk])
-    with connection.cursor() as cursor:
-        cursor.execute("SET SESSION group_concat_max_len = 4")  # the least MariaDB allows
+    assert [a.outcome for a in earlier] == [Outcome.GRABBED] * 2  # type: ignore[union-attr]
+    held = [GrabResult(Outcome.ALREADY_GRABBED, a.amount_cents) for a in earlier]  # type: ignore[union-attr]
     monkeypatch.setattr(group_commit.GroupCommitStrategy, "alone", not_alone)
+    granted = {first.pk: held[0].amount_cents, second.pk: held[1].amount_cents}
     try:
-        answers = run_batch("group_commit", activity.pk, [first.pk, second.pk, third.pk])
+        for limit, other in zip(limits, others, strict=True):
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION group_concat_max_len = %s", [limit])
+            answers = run_batch("group_commit", activity.pk, [first.pk, second.pk, other.pk])
+            assert answers[:2] == held, limit
+            assert isinstance(answers[2], GrabResult) and answers[2].outcome is Outcome.GRABBED
+            granted[other.pk] = answers[2].amount_cents
     finally:
         connection.close()  # the session's setting goes with it
-    assert [a.outcome for a in earlier] == [Outcome.GRABBED] * 2  # type: ignore[union-attr]
-    assert answers[:2] == [
-        GrabResult(Outcome.ALREADY_GRABBED, a.amount_cents)  # type: ignore[union-attr]
-        for a in earlier
-    ]
-    assert isinstance(answers[2], GrabResult) and answers[2].outcome is Outcome.GRABBED
-    assert rows_of(activity) == {
-        first.pk: earlier[0].amount_cents,  # type: ignore[union-attr]
-        second.pk: earlier[1].amount_cents,  # type: ignore[union-attr]
-        third.pk: answers[2].amount_cents,
-    }
+    assert rows_of(activity) == granted
     assert_consistent(activity)
 
 
