@@ -11,7 +11,8 @@ worker, three things made it slow and its end late:
   and not yet answered: queued for a thread or running; and connections it accepted whose
   request it has not read yet) and whether its loop can accept (it has booted, is not exiting
   and holds fewer than `worker_connections` connections). It accepts only while it holds no
-  more than the least busy of the workers that can accept plus `ACCEPT_SLACK` (`may_accept`);
+  more than the least busy of the workers that can accept plus `ACCEPT_SLACK`, or plus half
+  of what that one holds when that is less, never less than 32 (`may_accept`);
   the rest of the burst waits in the kernel's listen queue for the others. The least busy
   worker that can accept always polls, so a connection never waits for workers that will not
   take it; a worker that is booting, exiting or full is left out, and a connection that sends
@@ -59,9 +60,13 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
 # How many more requests than the least busy worker a worker may hold and still accept (each
-# connection a pass of its loop accepts counts at once): kept-alive traffic, which opens few
-# connections, never waits on this rule, and a burst is split within that much.
+# connection a pass of its loop accepts counts at once): at most ACCEPT_SLACK, and while the
+# least busy holds little, half of what it holds, at least ACCEPT_SLACK_FLOOR. A burst of
+# thousands is split within ACCEPT_SLACK; the few dozen kept-alive connections a pooling client
+# opens at once, which then stay with their worker for the whole run, within the floor (with a
+# fixed 256, one worker could take all 64 of a load run's: seen 45 against 19).
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
+ACCEPT_SLACK_FLOOR = 32
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
@@ -80,9 +85,14 @@ _used = RawValue(ctypes.c_long, 0)
 
 
 def may_accept(own: int, others: list[int], slack: int) -> bool:
-    """Whether a worker holding `own` requests polls the listening socket, while the other
-    workers that can accept hold `others`."""
-    return not others or own <= min(others) + slack
+    """Whether a worker holding `own` requests polls the listening socket (and a pass of its
+    loop accepts one more), while the other workers that can accept hold `others`: no more than
+    the least busy of them plus `slack`, or plus half of what that one holds if that is less
+    (never less than ACCEPT_SLACK_FLOOR)."""
+    if not others:
+        return True
+    least = min(others)
+    return own <= least + min(slack, max(ACCEPT_SLACK_FLOOR, least // 2))
 
 
 def claim(age: int) -> int:

@@ -31,6 +31,15 @@ from .servers import ROOT, free_port, service_env, wait_for
         (7, [5], 1, False),
         (40, [3, 90], 32, False),  # the least busy counts, not the average
         (35, [3, 90], 32, True),
+        # The slack is at most half of what the least busy holds, at least 32: the 64
+        # connections a load generator opens at once are split within 32 ...
+        (32, [0], 256, True),
+        (33, [0], 256, False),
+        (300, [200], 256, True),
+        (301, [200], 256, False),
+        # ... and a burst of thousands within the slack.
+        (1256, [1000], 256, True),
+        (1257, [1000], 256, False),
     ],
 )
 def test_a_worker_accepts_while_no_busier_than_the_least_busy_plus_the_slack(
@@ -73,7 +82,8 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
 
 @pytest.mark.parametrize(
     ("slack", "others", "accepted"),
-    [(256, [0], 40), (3, [0], 4), (3, [2], 6), (3, [], 40)],  # alone: every one
+    # 256 while the other holds nothing: the floor, 32 more (33); alone: every one.
+    [(256, [0], 33), (256, [100], 40), (3, [0], 4), (3, [2], 6), (3, [], 40)],
 )
 def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
     monkeypatch: pytest.MonkeyPatch, slack: int, others: list[int], accepted: int
