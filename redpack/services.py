@@ -5,12 +5,13 @@ import logging
 import time
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from strategies import registry
-from strategies.base import GrabResult, Outcome, RequestChecks
+from strategies.base import AnsweredMeanwhile, GrabResult, Outcome, RequestChecks, known_answer
 
 from . import (
     allocation,
@@ -194,6 +195,8 @@ def _grab(
     with shedding.place(activity_id, bounded=bounded, line=line) as placed:
         if not placed:
             return GrabResult(Outcome.CONTENDED, reason="shed")
+        # What a grab that waits in its process asks after the wait (strategies/base.py).
+        asking = known_answer.set(partial(finished.answer, activity_id, user_id))
         try:
             if checks is None:
                 result = strategy.grab(activity_id=activity_id, user_id=user_id)
@@ -201,6 +204,8 @@ def _grab(
                 result = strategy.grab_checked(
                     activity_id=activity_id, user_id=user_id, checks=checks
                 )
+        except AnsweredMeanwhile as meanwhile:
+            return meanwhile.result  # from memory, as `known` above: nothing to learn
         except RedpackError:
             raise  # an expected failure, answered with its own code
         except Exception as exc:
@@ -214,6 +219,8 @@ def _grab(
                 return GrabResult(Outcome.CONTENDED)
             logger.exception("grab failed", extra={"event": "grab_failed", **ids})
             raise
+        finally:
+            known_answer.reset(asking)
     if result.outcome is Outcome.CONTENDED:
         logger.info("grab contended", extra={"event": "grab_contended", **ids})
     finished.learn(activity_id, result)

@@ -27,6 +27,7 @@ looks at a strategy's class:
 """
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
@@ -91,6 +92,25 @@ class StrategyHealth:
 
     persist_lag: float  # seconds the oldest acknowledged grab has waited for MySQL, 0.0: none
     sections: Mapping[str, object]  # added to /healthz by key
+
+
+# The answer the service knows for the grab under way, if any (redpack/finished.py: the
+# activity ended), set by the service around each strategy call. A strategy that waited in its
+# process before sending anything (turns.turn with `ask_known`) asks it after the wait: a grab
+# that queued while the last packets went is answered as one arriving then would be, without
+# the lock and the transaction that would only tell it so.
+known_answer: ContextVar[Callable[[], "GrabResult | None"] | None] = ContextVar(
+    "known_answer", default=None
+)
+
+
+class AnsweredMeanwhile(Exception):
+    """The grab waited, and its answer became known meanwhile (`known_answer`): nothing was sent
+    to any store; `result` is the answer."""
+
+    def __init__(self, result: "GrabResult") -> None:
+        super().__init__(result.outcome.value)
+        self.result = result
 
 
 class TooMany(Exception):

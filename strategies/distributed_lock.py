@@ -92,7 +92,7 @@ class DistributedLockStrategy(GrabStrategy):
         # not had in time raises NoTurn, answered `contended` as InnoDB's lock wait timeout is.
         wait = hot.REDPACK_LOCK_WAIT
         give_up = time.monotonic() + wait
-        with turns.turn(activity_id, wait=wait):
+        with turns.turn(activity_id, wait=wait, ask_known=True):
             lock = activity_lock(activity_id, wait=max(0.0, give_up - time.monotonic()))
             if not lock.acquire():
                 return GrabResult(Outcome.CONTENDED)

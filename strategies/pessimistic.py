@@ -36,7 +36,7 @@ class PessimisticStrategy(GrabStrategy):
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
         try:
-            with grab_transaction(turn=activity_id):
+            with grab_transaction(turn=activity_id, ask_known=True):
                 activity, held = read_for_grab(activity_id=activity_id, user_id=user_id)
                 answer = refusal(activity, user_id=None, held=held)
                 if answer is not None:

@@ -72,7 +72,7 @@ class PreallocatedStrategy(GrabStrategy):
                 continue  # the surplus read was stale; count it as a lost race
             [(packet_id, version, amount)] = picked
             try:
-                with grab_transaction(turn=activity_id):
+                with grab_transaction(turn=activity_id, ask_known=True):
                     locked, _ = read_for_grab(activity_id=activity_id, user_id=None)
                     answer = refusal(locked, user_id=None)
                     if answer is not None:

@@ -70,7 +70,7 @@ class SkipLockedStrategy(PreallocatedStrategy):
             return answer
         window = [packet_id for packet_id, _, _ in random_available(activity_id, WINDOW)]
         try:
-            with grab_transaction(turn=activity_id):
+            with grab_transaction(turn=activity_id, ask_known=True):
                 packet = _lock_first_free(*in_window(window)) if window else None
                 if packet is None:
                     # Every packet of the window is held by a grab in flight. Queue on the

@@ -53,7 +53,7 @@ Statement = tuple[str, list[Any]]
 
 
 @contextmanager
-def grab_transaction(turn: int | None = None) -> Iterator[None]:
+def grab_transaction(turn: int | None = None, *, ask_known: bool = False) -> Iterator[None]:
     """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
     autocommit off and on again around every transaction; anywhere else, or inside an outer
@@ -62,7 +62,8 @@ def grab_transaction(turn: int | None = None) -> Iterator[None]:
     `turn`: an activity id; the transaction waits for that activity's turn in this process
     first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside
     an outer transaction: that one may hold the row already, and a turn it let go of would let
-    another grab in to wait on that row while its own waits on the turn.
+    another grab in to wait on that row while its own waits on the turn. `ask_known`: nothing
+    was sent for this grab before (see turns.turn).
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
     module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
@@ -70,7 +71,7 @@ def grab_transaction(turn: int | None = None) -> Iterator[None]:
     is closed, which ends the transaction too.
     """
     if turn is not None and not connection.in_atomic_block:
-        with turns.turn(turn), grab_transaction():
+        with turns.turn(turn, ask_known=ask_known), grab_transaction():
             yield
         return
     if connection.vendor != "mysql" or connection.in_atomic_block:

@@ -23,6 +23,8 @@ from types import TracebackType
 
 from django.db import OperationalError
 
+from .base import AnsweredMeanwhile, known_answer
+
 WAIT_SECONDS = 50.0  # InnoDB's default innodb_lock_wait_timeout: the wait this one stands for
 LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
 
@@ -44,13 +46,20 @@ class _Turn:
 
 
 class turn:  # noqa: N801 - used as a function, like transaction.atomic
-    """Hold `key`'s turn in this process for the block (a class: it is on every grab's path)."""
+    """Hold `key`'s turn in this process for the block (a class: it is on every grab's path).
 
-    __slots__ = ("key", "wait", "entry")
+    `ask_known`: the caller has sent nothing yet for this grab; if it had to wait, the answer
+    the service knows now (base.known_answer: the activity ended meanwhile) is raised as
+    AnsweredMeanwhile instead of entering the block."""
 
-    def __init__(self, key: Hashable, *, wait: float | None = None) -> None:
+    __slots__ = ("key", "wait", "ask_known", "entry")
+
+    def __init__(
+        self, key: Hashable, *, wait: float | None = None, ask_known: bool = False
+    ) -> None:
         self.key = key
         self.wait = wait
+        self.ask_known = ask_known
 
     def __enter__(self) -> None:
         with _guard:
@@ -60,11 +69,20 @@ class turn:  # noqa: N801 - used as a function, like transaction.atomic
             entry.users += 1
         acquired = False
         try:
-            acquired = entry.lock.acquire(timeout=WAIT_SECONDS if self.wait is None else self.wait)
+            acquired = entry.lock.acquire(blocking=False)
+            waited = not acquired
+            if waited:
+                wait = WAIT_SECONDS if self.wait is None else self.wait
+                acquired = entry.lock.acquire(timeout=wait)
             if not acquired:
                 raise NoTurn(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
+            if waited and self.ask_known:
+                ask = known_answer.get()
+                known = None if ask is None else ask()
+                if known is not None:
+                    raise AnsweredMeanwhile(known)
             self.entry = entry
-        except BaseException:  # the timeout, or an interrupt while waiting: leave no trace
+        except BaseException:  # the timeout, the answer, an interrupt: leave no trace
             if acquired:
                 entry.lock.release()
             self._leave(entry)

@@ -2,6 +2,7 @@
 activity reach MySQL one at a time from a process, other activities never wait for it, and a
 wait that gives up is answered like InnoDB's lock wait timeout (`contended`, nothing written)."""
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from django.db import OperationalError
 
 from redpack import services, shards
 from redpack.models import Activity, GrabDetail
-from strategies import turns
+from strategies import registry, turns
 from strategies.base import Outcome
 from strategies.steps import grab_transaction
 
@@ -191,3 +192,73 @@ def test_no_turn_inside_an_outer_transaction():
     with grab_transaction(turn=11):
         assert turns.waiting() == 1
     assert turns.waiting() == 0
+
+
+# distributed_lock reads the activity before its turn: the double click hears `already_grabbed`
+# there, and only the late grab waits.
+@pytest.mark.parametrize(("strategy", "queued"), [("pessimistic", 2), ("distributed_lock", 1)])
+@pytest.mark.django_db(transaction=True)
+def test_a_grab_that_waited_while_the_activity_ended_is_answered_from_memory(
+    strategy, queued, sender, make_users, monkeypatch
+):
+    """Grabs queued for the turn while another process took the last packet: once this process
+    knows the end (redpack/finished.py), each is answered as a grab arriving then would be,
+    `sold_out`, or `already_grabbed` with its amount for a user who holds a packet (a double
+    click), without the lock and the transaction that would only tell it so."""
+    from django.db import connections
+
+    from redpack import finished
+
+    activity = send(sender, strategy, 2)
+    holder, late, elsewhere = make_users(3)
+    first = services.activity_grab(activity_id=activity.pk, user_id=holder.pk)
+    assert first.outcome is Outcome.GRABBED
+    answers: dict[str, object] = {}
+
+    def grab(name: str, user_id: int) -> None:
+        try:
+            answers[name] = services.activity_grab(activity_id=activity.pk, user_id=user_id)
+        finally:
+            shards.connection.close()
+
+    with held_elsewhere(activity.pk):
+        waiters = [
+            threading.Thread(target=grab, args=("late", late.pk)),
+            threading.Thread(target=grab, args=("again", holder.pk)),
+        ]
+        for waiter in waiters:
+            waiter.start()
+        if queued == 1:
+            waiters[1].join(WAIT)  # answered by its read before the turn: not a waiter
+        wait_for_waiters(1 + queued)  # the holder, and the grabs queued for the turn
+        other = connections.create_connection("default")  # another process takes the last one
+        try:
+            with other.cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO t_redpack_detail (activity_id, user_id, amount, created_at)"
+                    " SELECT id, %s, surplus_amount, NOW(6) FROM t_redpack_activity WHERE id = %s",
+                    [elsewhere.pk, activity.pk],
+                )
+                cursor.execute(
+                    "UPDATE t_redpack_activity SET surplus_count = 0, surplus_amount = 0,"
+                    " version = version + 1 WHERE id = %s",
+                    [activity.pk],
+                )
+        finally:
+            other.close()
+        # ... and this process heard `sold_out` from a grab of its own meanwhile.
+        finished.learn(activity.pk, services.GrabResult(Outcome.SOLD_OUT))
+        # From here on, the strategy must not reach a store for these grabs.
+        module = sys.modules[type(registry.get(strategy)).__module__]
+        for store_call in ("read_for_grab", "activity_lock"):
+            if hasattr(module, store_call):
+                monkeypatch.setattr(module, store_call, _went_on)
+    for waiter in waiters:
+        waiter.join(WAIT)
+    assert answers["late"] == services.GrabResult(Outcome.SOLD_OUT)
+    assert answers["again"] == services.GrabResult(Outcome.ALREADY_GRABBED, first.amount_cents)
+    assert GrabDetail.objects.filter(activity=activity).count() == 2
+
+
+def _went_on(**kwargs: object) -> None:
+    raise AssertionError("a grab that waited went on to its store")
