@@ -31,6 +31,11 @@ then (a packet given back) ends a sold-out memory and its flag. Without it, ever
 memory and the flag ended together every period, and every request in flight at that moment
 went to the strategy (a row lock each, for the MySQL strategies) before one answer taught the
 process again.
+
+Grabs that started before the process knew the end and then waited in it for their turn
+(strategies/turns.py, the one-grab strategies) are answered by `answer` after the wait, once
+it knows (strategies.base.known_answer, set by services), instead of each going on to its
+lock in turn only to hear `sold_out`.
 """
 
 import logging

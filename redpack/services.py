@@ -195,8 +195,13 @@ def _grab(
     with shedding.place(activity_id, bounded=bounded, line=line) as placed:
         if not placed:
             return GrabResult(Outcome.CONTENDED, reason="shed")
-        # What a grab that waits in its process asks after the wait (strategies/base.py).
-        asking = known_answer.set(partial(finished.answer, activity_id, user_id))
+        # What a grab that waits in its process asks after the wait (strategies/base.py): only
+        # one that started before the process knew the end; one sent on while it was known
+        # (to renew the memory, holders not settled) goes to its strategy as it was sent.
+        ask = (
+            None if finished.known(activity_id) else partial(finished.answer, activity_id, user_id)
+        )
+        asking = known_answer.set(None if ask is None else (activity_id, ask))
         try:
             if checks is None:
                 result = strategy.grab(activity_id=activity_id, user_id=user_id)

@@ -94,12 +94,13 @@ class StrategyHealth:
     sections: Mapping[str, object]  # added to /healthz by key
 
 
-# The answer the service knows for the grab under way, if any (redpack/finished.py: the
-# activity ended), set by the service around each strategy call. A strategy that waited in its
-# process before sending anything (turns.turn with `ask_known`) asks it after the wait: a grab
-# that queued while the last packets went is answered as one arriving then would be, without
-# the lock and the transaction that would only tell it so.
-known_answer: ContextVar[Callable[[], "GrabResult | None"] | None] = ContextVar(
+# The activity of the grab under way and what answers it from memory once the activity ended
+# (redpack/finished.py), set by the service around each strategy call for a grab that started
+# before its process knew the end. A strategy whose grab waited in its process while it had
+# written nothing and held no lock for it (turns.turn with `ask_known`) asks it after the wait:
+# a grab that queued while the last packets went is answered from memory, as the grabs that
+# arrive after the end are, without the lock and the transaction that would only tell it so.
+known_answer: ContextVar[tuple[object, Callable[[], "GrabResult | None"]] | None] = ContextVar(
     "known_answer", default=None
 )
 

@@ -62,8 +62,8 @@ def grab_transaction(turn: int | None = None, *, ask_known: bool = False) -> Ite
     `turn`: an activity id; the transaction waits for that activity's turn in this process
     first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside
     an outer transaction: that one may hold the row already, and a turn it let go of would let
-    another grab in to wait on that row while its own waits on the turn. `ask_known`: nothing
-    was sent for this grab before (see turns.turn).
+    another grab in to wait on that row while its own waits on the turn. `ask_known`: the grab
+    has written nothing and holds no lock before it (see turns.turn).
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
     module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown

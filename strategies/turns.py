@@ -48,9 +48,9 @@ class _Turn:
 class turn:  # noqa: N801 - used as a function, like transaction.atomic
     """Hold `key`'s turn in this process for the block (a class: it is on every grab's path).
 
-    `ask_known`: the caller has sent nothing yet for this grab; if it had to wait, the answer
-    the service knows now (base.known_answer: the activity ended meanwhile) is raised as
-    AnsweredMeanwhile instead of entering the block."""
+    `ask_known`: the caller has written nothing and holds no lock for this grab; if it had to
+    wait, the answer the service knows now for `key` (base.known_answer: the activity ended
+    meanwhile) is raised as AnsweredMeanwhile instead of entering the block."""
 
     __slots__ = ("key", "wait", "ask_known", "entry")
 
@@ -77,8 +77,8 @@ class turn:  # noqa: N801 - used as a function, like transaction.atomic
             if not acquired:
                 raise NoTurn(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
             if waited and self.ask_known:
-                ask = known_answer.get()
-                known = None if ask is None else ask()
+                asked = known_answer.get()
+                known = asked[1]() if asked is not None and asked[0] == self.key else None
                 if known is not None:
                     raise AnsweredMeanwhile(known)
             self.entry = entry

@@ -199,7 +199,7 @@ def test_no_turn_inside_an_outer_transaction():
 @pytest.mark.parametrize(("strategy", "queued"), [("pessimistic", 2), ("distributed_lock", 1)])
 @pytest.mark.django_db(transaction=True)
 def test_a_grab_that_waited_while_the_activity_ended_is_answered_from_memory(
-    strategy, queued, sender, make_users, monkeypatch
+    strategy, queued, sender, make_users, monkeypatch, settings
 ):
     """Grabs queued for the turn while another process took the last packet: once this process
     knows the end (redpack/finished.py), each is answered as a grab arriving then would be,
@@ -209,6 +209,9 @@ def test_a_grab_that_waited_while_the_activity_ended_is_answered_from_memory(
 
     from redpack import finished
 
+    settings.REDPACK_LOCK_WAIT = 60.0  # distributed_lock's turn: the waiters never give up here
+    now = finished.clock()
+    monkeypatch.setattr(finished, "clock", lambda: now)  # the memory learned below never ages
     activity = send(sender, strategy, 2)
     holder, late, elsewhere = make_users(3)
     first = services.activity_grab(activity_id=activity.pk, user_id=holder.pk)
@@ -258,7 +261,8 @@ def test_a_grab_that_waited_while_the_activity_ended_is_answered_from_memory(
     assert answers["late"] == services.GrabResult(Outcome.SOLD_OUT)
     assert answers["again"] == services.GrabResult(Outcome.ALREADY_GRABBED, first.amount_cents)
     assert GrabDetail.objects.filter(activity=activity).count() == 2
+    assert turns.waiting() == 0
 
 
-def _went_on(**kwargs: object) -> None:
+def _went_on(*args: object, **kwargs: object) -> None:
     raise AssertionError("a grab that waited went on to its store")
