@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Case, Count, DecimalField, F, Min, QuerySet, Value, When
 from django.db.models.functions import Round
 from django.utils import timezone
@@ -54,6 +54,10 @@ def funding_account() -> Account:
     return account
 
 
+DEADLOCK = 1213  # ER_LOCK_DEADLOCK
+WALLET_INSERT_TRIES = 3
+
+
 def wallets_ensure(user_ids: Iterable[int]) -> dict[int, int]:
     """Wallet account ids by user id, creating the missing wallets (at 0)."""
     wanted = set(user_ids)
@@ -64,9 +68,21 @@ def wallets_ensure(user_ids: Iterable[int]) -> dict[int, int]:
     )
     missing = wanted - found.keys()
     if missing:
-        Account.objects.bulk_create(
-            [Account(kind=AccountKind.WALLET, user_id=u) for u in missing], ignore_conflicts=True
-        )
+        for attempt in range(1, WALLET_INSERT_TRIES + 1):
+            try:
+                Account.objects.bulk_create(
+                    [Account(kind=AccountKind.WALLET, user_id=u) for u in missing],
+                    ignore_conflicts=True,
+                )
+                break
+            except OperationalError as exc:
+                # Two runs creating the same users' wallets at once can deadlock on the unique
+                # key (InnoDB's locks on a duplicate). The insert ignores what exists, so on its
+                # own (not inside a caller's transaction, which the deadlock rolled back) it is
+                # simply made again.
+                deadlock = bool(exc.args) and exc.args[0] == DEADLOCK
+                if not deadlock or connection.in_atomic_block or attempt == WALLET_INSERT_TRIES:
+                    raise
         found.update(
             Account.objects.filter(kind=AccountKind.WALLET, user_id__in=missing).values_list(
                 "user_id", "pk"

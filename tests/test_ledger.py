@@ -172,6 +172,7 @@ def test_two_crediting_runs_at_once_credit_each_grab_once(sender, make_users):
         lambda: ledger.grabs_credit(batch=7, run_seconds=60),
         lambda: ledger.grabs_credit(batch=5, run_seconds=60),
     )
+    assert all(isinstance(n, int) for n in done), done
     assert sum(done) == 30, done
     assert {user.pk: cents(user) for user in grabbers} == told
     assert_books()
