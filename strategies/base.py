@@ -106,8 +106,8 @@ known_answer: ContextVar[tuple[object, Callable[[], "GrabResult | None"]] | None
 
 
 class AnsweredMeanwhile(Exception):
-    """The grab waited, and its answer became known meanwhile (`known_answer`): nothing was sent
-    to any store; `result` is the answer."""
+    """The grab waited, and its answer became known meanwhile (`known_answer`): it had written
+    nothing and held no lock, and takes none; `result` is the answer."""
 
     def __init__(self, result: "GrabResult") -> None:
         super().__init__(result.outcome.value)
