@@ -198,10 +198,8 @@ def _grab(
         # What a grab that waits in its process asks after the wait (strategies/base.py): only
         # one that started before the process knew the end; one sent on while it was known
         # (to renew the memory, holders not settled) goes to its strategy as it was sent.
-        ask = (
-            None if finished.known(activity_id) else partial(finished.answer, activity_id, user_id)
-        )
-        asking = known_answer.set(None if ask is None else (activity_id, ask))
+        asked = (activity_id, partial(finished.answer, activity_id, user_id))
+        asking = known_answer.set(None if finished.known(activity_id) else asked)
         try:
             if checks is None:
                 result = strategy.grab(activity_id=activity_id, user_id=user_id)

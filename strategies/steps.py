@@ -158,8 +158,7 @@ def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, 
     if connection.vendor != "mysql" or not users:
         activity = Activity.objects.select_for_update().get(pk=activity_id)
         holds.taken()
-        held_rows = held_marks(activity_id=activity_id, user_ids=users) if users else {}
-        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
+        return activity, _held_cents_of(activity_id, users)
     among = f"d.activity_id = a.id AND d.user_id IN ({', '.join(map(str, users))})"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -175,13 +174,22 @@ def read_for_batch(*, activity_id: int, user_ids: list[int]) -> tuple[Activity, 
     activity, held = _activity_read(activity_id, None if row is None else row[:-1], locked=True)
     pairs = held.split(",") if held else []
     if len(pairs) != row[-1] or not all(map(_HELD_PAIR.fullmatch, pairs)):  # cut short
-        held_rows = held_marks(activity_id=activity_id, user_ids=users)
-        return activity, {user_id: row.cents for user_id, row in held_rows.items()}
+        return activity, _held_cents_of(activity_id, users)
     holding: dict[int, int] = {}
     for pair in pairs:
         user, _, amount = pair.partition(":")
         holding[int(user)] = to_cents(amount)
     return activity, holding
+
+
+def _held_cents_of(activity_id: int, users: list[int]) -> dict[int, int]:
+    """The cents of these users' grabs of the activity, by user (read_for_batch's ORM read)."""
+    if not users:
+        return {}
+    return {
+        user: held.cents
+        for user, held in held_marks(activity_id=activity_id, user_ids=users).items()
+    }
 
 
 def _activity_read(
