@@ -22,11 +22,11 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Case, Count, DecimalField, F, Min, QuerySet, Value, When
-from django.db.models.functions import Round
+from django.db.models import Count, F, Min, Model, QuerySet
 from django.utils import timezone
 
 from . import shards
@@ -98,15 +98,43 @@ def _lock(account_ids: Iterable[int]) -> dict[int, Account]:
 
 
 def _apply(deltas: dict[int, int]) -> None:
-    """Add each account's delta (cents) to its balance, in one statement."""
+    """Add each account's delta (cents) to its balance, in one statement. Written out rather than
+    as the ORM's Case(When(...)): a crediting run moves hundreds of wallets at once, and
+    compiling that many expressions cost more than the statement itself."""
     deltas = {account: cents for account, cents in deltas.items() if cents}
     if not deltas:
         return
-    change = Case(
-        *(When(pk=account, then=Value(from_cents(cents))) for account, cents in deltas.items()),
-        output_field=DecimalField(max_digits=18, decimal_places=2),
+    quote = connection.ops.quote_name
+    adapt = connection.ops.adapt_decimalfield_value
+    change: list[Any] = []
+    for account, cents in deltas.items():
+        change += [int(account), adapt(from_cents(cents), 18, 2)]
+    pk, balance = quote(Account._meta.pk.column or "id"), quote("balance")
+    sql = (
+        f"UPDATE {quote(Account._meta.db_table)}"
+        f" SET {balance} = ROUND({balance} + CASE {pk}"
+        f" {' '.join(['WHEN %s THEN %s'] * len(deltas))} END, 2)"
+        f" WHERE {pk} IN ({', '.join(['%s'] * len(deltas))})"
     )
-    Account.objects.filter(pk__in=deltas).update(balance=Round(F("balance") + change, 2))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*change, *(int(account) for account in deltas)])
+
+
+Row = tuple[Any, ...]
+
+
+def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
+    """Rows of `model` (the values of `fields`, in that order, adapted for the database) in one
+    multi-row INSERT, without a model object each: the journal rows of a crediting run."""
+    quote = connection.ops.quote_name
+    column = {f.name: f.column for f in model._meta.concrete_fields if f.column is not None}
+    columns = ", ".join(quote(column[name]) for name in fields)
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns})"
+        f" VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
 
 
 def _lines(entry: JournalEntry, lines: dict[int, int]) -> list[JournalLine]:
@@ -324,7 +352,8 @@ def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int
         activity = Activity.objects.filter(pk=activity_id)
         surplus = activity.values_list("surplus_amount", flat=True)[0]
         room = to_cents(locked[escrow_id].balance) - to_cents(surplus)
-        entries, moves, short = [], [], False
+        credits: list[tuple[int, int, int]] = []  # (grab, wallet, cents)
+        short = False
         for pk, user_id, amount in rows:
             cents = to_cents(amount)
             if pk not in pending:
@@ -338,31 +367,39 @@ def _credit(activity_id: int, rows: list[tuple[int, int, Decimal]]) -> tuple[int
                 short = True
                 break
             room -= cents
-            entries.append(JournalEntry(kind=EntryKind.CREDIT, activity_id=activity_id, grab_id=pk))
-            moves.append((wallets[user_id], cents))
-        if entries:
-            _post_credits(escrow_id, entries, moves)
-    return len(entries), short
+            credits.append((pk, wallets[user_id], cents))
+        if credits:
+            _post_credits(activity_id, escrow_id, credits)
+    return len(credits), short
 
 
-def _post_credits(
-    escrow_id: int, entries: list[JournalEntry], moves: list[tuple[int, int]]
-) -> None:
-    JournalEntry.objects.bulk_create(entries)
-    if not connection.features.can_return_rows_from_bulk_insert:
-        ids = dict(
-            JournalEntry.objects.filter(grab_id__in=[e.grab_id for e in entries]).values_list(
-                "grab_id", "pk"
-            )
+def _post_credits(activity_id: int, escrow_id: int, credits: list[tuple[int, int, int]]) -> None:
+    """One credit entry per (grab, wallet, cents), its two lines (escrow -cents, wallet
+    +cents), and the balances moved: three multi-row statements and one read of the entries'
+    ids, however many grabs."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    _insert(
+        JournalEntry,
+        ("kind", "activity", "grab", "memo", "created_at"),
+        [(EntryKind.CREDIT.value, activity_id, grab, "", now) for grab, _, _ in credits],
+    )
+    entry_of = dict(
+        JournalEntry.objects.filter(grab_id__in=[grab for grab, _, _ in credits]).values_list(
+            "grab_id", "pk"
         )
-        for entry in entries:
-            entry.pk = ids[entry.grab_id]  # type: ignore[index]  # every credit has its grab
-    lines, deltas = [], {escrow_id: 0}
-    for entry, (wallet_id, cents) in zip(entries, moves, strict=True):
-        lines += _lines(entry, {escrow_id: -cents, wallet_id: cents})
+    )
+    adapt = connection.ops.adapt_decimalfield_value
+    lines: list[Row] = []
+    deltas = {escrow_id: 0}
+    for grab, wallet_id, cents in credits:
+        entry = entry_of[grab]
+        lines += [
+            (entry, escrow_id, adapt(from_cents(-cents), 18, 2)),
+            (entry, wallet_id, adapt(from_cents(cents), 18, 2)),
+        ]
         deltas[escrow_id] -= cents
         deltas[wallet_id] = deltas.get(wallet_id, 0) + cents
-    JournalLine.objects.bulk_create(lines)
+    _insert(JournalLine, ("entry", "account", "amount"), lines)
     _apply(deltas)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from redpack import ledger, selectors, services
 from redpack.audit import audit_activity, audit_books
 from redpack.errors import InsufficientBalance
-from redpack.models import Account, Activity, GrabDetail, JournalEntry
+from redpack.models import Account, Activity, GrabDetail, JournalEntry, JournalLine
 from redpack.money import from_cents, to_cents
 from strategies.base import Outcome
 from tests import servers
@@ -226,10 +226,12 @@ def test_a_crediting_worker_killed_mid_transaction_credits_nothing_then_all_once
 
 
 CRASH_POINTS = {
-    # Each raises inside the crediting transaction, after that step's statements ran.
-    "after its entries": ("_lines", False),
-    "after its lines": ("_apply", False),
-    "before its commit": ("_post_credits", True),
+    # Each raises inside the crediting transaction, after that step's statements ran: the
+    # function it replaces, whether the original runs first, and on which of its calls (the
+    # lines are the second table a crediting run inserts into).
+    "after its entries": ("_insert", False, lambda model, *_: model is JournalLine),
+    "after its lines": ("_apply", False, None),
+    "before its commit": ("_post_credits", True, None),
 }
 
 
@@ -238,10 +240,12 @@ class Crash(Exception):
 
 
 def crashing(point: str) -> Any:
-    name, after = CRASH_POINTS[point]
+    name, after, on = CRASH_POINTS[point]
     original = getattr(ledger, name)
 
     def crash(*args: Any, **kwargs: Any) -> Any:
+        if on is not None and not on(*args, **kwargs):
+            return original(*args, **kwargs)
         if after:
             original(*args, **kwargs)
         raise Crash(point)
