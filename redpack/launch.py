@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from redpack import dberrors
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN_DIR = ROOT / ".run"
 RUN_ENV = RUN_DIR / "run.env"
@@ -101,8 +103,7 @@ def probe_mysql(target: str) -> str | None:
             host=host, port=port, user="root", password="", connect_timeout=int(PROBE_TIMEOUT)
         ).close()
     except MySQLdb.OperationalError as exc:
-        code = exc.args[0] if exc.args else None
-        if code in (2002, 2003, 2013):  # cannot connect / lost during the handshake
+        if dberrors.code(exc) in dberrors.UNREACHABLE:
             return f"no MariaDB/MySQL answers at {host}:{port}"
         return f"MariaDB/MySQL at {host}:{port} refuses root without a password ({exc})"
     return None

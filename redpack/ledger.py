@@ -29,7 +29,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Count, F, Min, Model, QuerySet
 from django.utils import timezone
 
-from . import shards
+from . import dberrors, shards
 from .errors import InsufficientBalance, InvalidInput
 from .models import (
     Account,
@@ -54,7 +54,6 @@ def funding_account() -> Account:
     return account
 
 
-DEADLOCK = 1213  # ER_LOCK_DEADLOCK
 WALLET_INSERT_TRIES = 3
 
 
@@ -80,7 +79,7 @@ def wallets_ensure(user_ids: Iterable[int]) -> dict[int, int]:
                 # key (InnoDB's locks on a duplicate). The insert ignores what exists, so on its
                 # own (not inside a caller's transaction, which the deadlock rolled back) it is
                 # simply made again.
-                deadlock = bool(exc.args) and exc.args[0] == DEADLOCK
+                deadlock = dberrors.code(exc) == dberrors.DEADLOCK
                 if not deadlock or connection.in_atomic_block or attempt == WALLET_INSERT_TRIES:
                     raise
         found.update(

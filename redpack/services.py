@@ -15,6 +15,7 @@ from strategies.base import AnsweredMeanwhile, GrabResult, Outcome, RequestCheck
 
 from . import (
     allocation,
+    dberrors,
     expiry,
     finished,
     ledger,
@@ -30,9 +31,6 @@ from .models import Activity
 from .money import from_cents
 
 logger = logging.getLogger(__name__)
-
-# MySQL/MariaDB: ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK, ER_LOCK_NOWAIT.
-LOCK_TIMEOUT_ERRNOS = frozenset({1205, 1213, 3572})
 
 
 def activity_send(
@@ -232,8 +230,7 @@ def _grab(
 
 def is_lock_timeout(exc: DatabaseError) -> bool:
     """A lock wait that gave up: InnoDB's lock wait timeout or deadlock, SQLite's busy timeout."""
-    code = exc.args[0] if exc.args else None
-    return code in LOCK_TIMEOUT_ERRNOS or "database is locked" in str(exc)
+    return dberrors.code(exc) in dberrors.LOCK_GAVE_UP or "database is locked" in str(exc)
 
 
 def activity_expire(*, activity_id: int, force: bool = False) -> expiry.RefundOutcome:

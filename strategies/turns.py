@@ -23,10 +23,11 @@ from types import TracebackType
 
 from django.db import OperationalError
 
+from redpack import dberrors
+
 from .base import AnsweredMeanwhile, known_answer
 
 WAIT_SECONDS = 50.0  # InnoDB's default innodb_lock_wait_timeout: the wait this one stands for
-LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
 
 
 class NoTurn(OperationalError):
@@ -75,7 +76,7 @@ class turn:  # noqa: N801 - used as a function, like transaction.atomic
                 wait = WAIT_SECONDS if self.wait is None else self.wait
                 acquired = entry.lock.acquire(timeout=wait)
             if not acquired:
-                raise NoTurn(LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
+                raise NoTurn(dberrors.LOCK_WAIT_TIMEOUT, f"no turn for {self.key} in this process")
             if waited and self.ask_known:
                 asked = known_answer.get()
                 known = asked[1]() if asked is not None and asked[0] == self.key else None

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.test.utils import override_settings
 from django_redis import get_redis_connection
 
-from redpack import services
+from redpack import dberrors, services
 from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import to_cents
 from strategies import lua, registry
@@ -494,9 +494,6 @@ def mysql_raw_batch(name: str, *, per_transaction: int, grabs: int, concurrency:
     return _own_sql(title, "mysql_raw_batch_own", name, concurrency, total, seconds)
 
 
-DEADLOCK = 1213  # ER_LOCK_DEADLOCK
-
-
 def raw_strategies(names: list[str]) -> list[str]:
     """The strategies among `names` with a raw same-SQL ceiling (GrabStrategy.raw_grab)."""
     return [name for name in names if registry.get(name).raw_grab is not None]
@@ -529,7 +526,7 @@ def mysql_raw_seed(name: str, *, grabs: int, concurrency: int) -> Ceiling:
                     raw_grab(own, activity_id=activity.pk, user_id=user)
                     break
                 except MySQLdb.OperationalError as exc:
-                    if exc.args[0] != DEADLOCK:
+                    if dberrors.code(exc) != dberrors.DEADLOCK:
                         raise
                     own.execute("ROLLBACK")  # InnoDB rolled it back already; run it again
                     deadlocks.append(user)

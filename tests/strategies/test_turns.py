@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.db import OperationalError
 
-from redpack import services, shards
+from redpack import dberrors, services, shards
 from redpack.models import Activity, GrabDetail
 from strategies import registry, turns
 from strategies.base import Outcome
@@ -113,7 +113,7 @@ def test_a_wait_that_gives_up_raises_the_lock_wait_timeout(monkeypatch):
                 pytest.fail("entered a turn another thread holds")
         except OperationalError as exc:
             caught.append(exc)
-    assert caught and caught[0].args[0] == turns.LOCK_WAIT_TIMEOUT
+    assert caught and caught[0].args[0] == dberrors.LOCK_WAIT_TIMEOUT
     assert services.is_lock_timeout(caught[0])
     assert turns.waiting() == 0
 

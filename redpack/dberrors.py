@@ -1,0 +1,17 @@
+"""The MySQL/MariaDB error numbers this project acts on, named once, and how to read one off a
+driver's exception (mysqlclient puts it first in `args`)."""
+
+LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
+DEADLOCK = 1213  # ER_LOCK_DEADLOCK
+LOCK_NOWAIT = 3572  # ER_LOCK_NOWAIT
+# A lock wait that gave up: the statement (with a deadlock, the transaction) was rolled back and
+# may be made again.
+LOCK_GAVE_UP = frozenset({LOCK_WAIT_TIMEOUT, DEADLOCK, LOCK_NOWAIT})
+# The client could not reach the server, or lost it during the handshake: CR_CONNECTION_ERROR,
+# CR_CONN_HOST_ERROR, CR_SERVER_LOST.
+UNREACHABLE = frozenset({2002, 2003, 2013})
+
+
+def code(exc: BaseException) -> object:
+    """The error number the driver gave `exc` (None when it gave none)."""
+    return exc.args[0] if exc.args else None
