@@ -108,7 +108,8 @@ def _apply(deltas: dict[int, int]) -> None:
     change: list[Any] = []
     for account, cents in deltas.items():
         change += [int(account), adapt(from_cents(cents), 18, 2)]
-    pk, balance = quote(Account._meta.pk.column or "id"), quote("balance")
+    pk = quote(Account._meta.pk.column or "id")
+    balance = quote(Account._meta.get_field("balance").column or "balance")  # type: ignore[union-attr]
     sql = (
         f"UPDATE {quote(Account._meta.db_table)}"
         f" SET {balance} = ROUND({balance} + CASE {pk}"
