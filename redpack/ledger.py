@@ -125,7 +125,9 @@ Row = tuple[Any, ...]
 
 def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
     """Rows of `model` (the values of `fields`, in that order, adapted for the database) in one
-    multi-row INSERT, without a model object each: the journal rows of a crediting run."""
+    multi-row INSERT, without a model object each: the journal rows of a crediting run. No
+    field default or conversion of Django's applies: a column not named must be nullable or
+    have a default in the database."""
     quote = connection.ops.quote_name
     column = {f.name: f.column for f in model._meta.concrete_fields if f.column is not None}
     columns = ", ".join(quote(column[name]) for name in fields)
