@@ -104,10 +104,9 @@ def _apply(deltas: dict[int, int]) -> None:
     if not deltas:
         return
     quote = connection.ops.quote_name
-    adapt = connection.ops.adapt_decimalfield_value
     change: list[Any] = []
     for account, cents in deltas.items():
-        change += [int(account), adapt(from_cents(cents), 18, 2)]
+        change += [int(account), _db_amount(cents)]
     pk = quote(Account._meta.pk.column or "id")
     balance = quote(Account._meta.get_field("balance").column or "balance")  # type: ignore[union-attr]
     sql = (
@@ -118,6 +117,11 @@ def _apply(deltas: dict[int, int]) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*change, *(int(account) for account in deltas)])
+
+
+def _db_amount(cents: int) -> Any:
+    """`cents` as the database takes a DECIMAL(18, 2) parameter (accounts, lines)."""
+    return connection.ops.adapt_decimalfield_value(from_cents(cents), 18, 2)
 
 
 Row = tuple[Any, ...]
@@ -139,13 +143,17 @@ def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
         cursor.executemany(sql, rows)
 
 
-def _lines(entry: JournalEntry, lines: dict[int, int]) -> list[JournalLine]:
+def _balanced(lines: dict[int, int]) -> list[tuple[int, int]]:
+    """An entry's lines (account -> cents) as written: they sum to 0, and none is 0."""
     if sum(lines.values()) != 0:
         raise ValueError(f"unbalanced entry: {lines}")
+    return [(account, cents) for account, cents in lines.items() if cents]
+
+
+def _lines(entry: JournalEntry, lines: dict[int, int]) -> list[JournalLine]:
     return [
         JournalLine(entry=entry, account_id=account, amount=from_cents(cents))
-        for account, cents in lines.items()
-        if cents
+        for account, cents in _balanced(lines)
     ]
 
 
@@ -390,17 +398,12 @@ def _post_credits(activity_id: int, escrow_id: int, credits: list[tuple[int, int
             "grab_id", "pk"
         )
     )
-    adapt = connection.ops.adapt_decimalfield_value
     lines: list[Row] = []
-    deltas = {escrow_id: 0}
+    deltas: dict[int, int] = {}
     for grab, wallet_id, cents in credits:
-        entry = entry_of[grab]
-        lines += [
-            (entry, escrow_id, adapt(from_cents(-cents), 18, 2)),
-            (entry, wallet_id, adapt(from_cents(cents), 18, 2)),
-        ]
-        deltas[escrow_id] -= cents
-        deltas[wallet_id] = deltas.get(wallet_id, 0) + cents
+        for account, moved in _balanced({escrow_id: -cents, wallet_id: cents}):
+            lines.append((entry_of[grab], account, _db_amount(moved)))
+            deltas[account] = deltas.get(account, 0) + moved
     _insert(JournalLine, ("entry", "account", "amount"), lines)
     _apply(deltas)
 
