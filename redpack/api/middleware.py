@@ -86,6 +86,10 @@ class CredentialThrottleMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        # Once, as the server loads (each worker builds its middleware before its first
+        # request): reversed on first use instead, by every thread of a burst's first POSTs at
+        # once, it cost a fresh server's first many-packets run about a fifth of its rate.
+        _credential_paths(get_script_prefix())
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.method == "POST" and _is_credential_path(request.path):

@@ -69,6 +69,19 @@ def test_the_admin_login_is_limited_too(login_limits, client):
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
 
 
+def test_the_login_paths_are_known_before_the_first_request():
+    """A server's first POSTs (a burst of grabs, each asking whether it is a login) find the
+    login paths already reversed as the server loaded, not each reversing them at once."""
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from redpack.api import middleware
+
+    middleware._credential_paths.cache_clear()
+    WSGIHandler()  # what a gunicorn worker builds as it loads the application
+    assert middleware._credential_paths.cache_info().currsize == 1
+    assert "/api/token/" in middleware._credential_paths("/")
+
+
 @pytest.mark.parametrize(
     ("strategy", "in_script"),
     [
