@@ -51,6 +51,13 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     from redpack import webworker  # noqa: F401  (child_exit's, whatever the worker class)
 
 
+def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    """The app is loaded (no preload: in each worker): keep it out of the collector's way."""
+    from redpack import webworker
+
+    webworker.settle_collector()
+
+
 def child_exit(server, worker):  # type: ignore[no-untyped-def]
     """A worker that is gone no longer counts in live gauges (its counters stay summed)."""
     from prometheus_client import multiprocess

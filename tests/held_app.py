@@ -1,12 +1,14 @@
 """A WSGI app for tests/test_webworker.py, run by a real gunicorn with redpack's worker class.
 
 - `/hello`: answers its worker's pid at once;
+- `/collector`: its worker's garbage collector, `<objects frozen> <youngest threshold>`;
 - `/held`: answers the requests all the server's workers hold (redpack/webworker.py's shared
   counts; the asking request is one of them);
 - anything else says it arrived (its worker's pid, on a Redis list) and is answered only once
   the test releases it, so that a test can hold requests open and see which worker took each.
 """
 
+import gc
 import os
 
 import redis
@@ -22,6 +24,8 @@ def application(environ, start_response):  # type: ignore[no-untyped-def]
     path = environ["PATH_INFO"]
     if path == "/hello":
         body = str(os.getpid()).encode()
+    elif path == "/collector":
+        body = f"{gc.get_freeze_count()} {gc.get_threshold()[0]}".encode()
     elif path == "/held":
         body = str(sum(webworker._held[s] for s in range(webworker._used.value))).encode()
     else:

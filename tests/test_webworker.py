@@ -203,6 +203,43 @@ def _waiting(listener: socket.socket) -> int:
     return -1
 
 
+@pytest.mark.parametrize(("threshold", "frozen"), [("5000", True), ("0", False)])
+def test_a_worker_freezes_its_loaded_app_and_collects_less_often(
+    threshold: str, frozen: bool
+) -> None:
+    """gunicorn.conf.py settles each worker's collector once the app is loaded
+    (webworker.settle_collector): what it loaded is frozen and the youngest generation is
+    collected every REDPACK_WEB_GC_THRESHOLD allocations; 0 leaves Python's collector as it
+    was."""
+    port = free_port()
+    command = [sys.executable, "-m", "gunicorn", "tests.held_app:application"]
+    command += ["--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2"]
+    key = f"test:held:{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
+    env = service_env(
+        HELD_APP_REDIS_URL=settings.CACHES["default"]["LOCATION"],
+        HELD_APP_KEY=key,
+        REDPACK_WEB_GC_THRESHOLD=threshold,
+    )
+    server = subprocess.Popen(command, cwd=ROOT, env=env)
+    try:
+        assert client.blpop([f"{key}:booted"], timeout=60) is not None, "the worker did not boot"
+        # The worker serves its first request once post_worker_init has run (the listening
+        # socket is the master's: the connection waits in its queue until then).
+        answer = _get(port, "/collector")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        client.delete(f"{key}:booted")
+    objects, youngest = (int(field) for field in answer.split())
+    if frozen:
+        assert objects > 10_000  # at least the app's modules and what they hold
+        assert youngest == 5000
+    else:
+        assert objects == 0
+        assert youngest == 700  # Python's own
+
+
 def test_a_burst_is_split_between_the_workers() -> None:
     """Twelve requests held open at once on two workers with a slack of one: a worker accepts
     only while it holds no more than the other plus one, so neither holds more than a few above
