@@ -73,12 +73,11 @@ IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at th
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
 SILENT_SECONDS = 1.0
 clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
-# accept() errors that say the process or the machine has no room for another connection now.
 # Container objects allocated (net of those freed) between two collections of the youngest
-# generation of Python's collector in a web worker (Python's default: 700); 0 leaves the
+# generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
-
+# accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
@@ -92,8 +91,8 @@ _used = RawValue(ctypes.c_long, 0)
 
 def settle_collector(threshold: int = GC_THRESHOLD) -> None:
     """Once a worker has loaded the app: move what it loaded (Django, the URLconf, the
-    strategies: about 100,000 objects) out of the collector's reach (`gc.freeze`), and collect
-    the youngest generation every `threshold` allocations instead of every 700.
+    strategies: over 100,000 objects) out of the collector's reach (`gc.freeze`), and collect
+    the youngest generation every `threshold` allocations instead of Python's 700.
 
     Why: a request that waits (for its batch, for the interpreter lock) outlives two young
     collections, so under load its objects reach the oldest generation, and each collection of
