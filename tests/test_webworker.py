@@ -1,6 +1,7 @@
 """The web server's worker class (redpack/webworker.py): a burst is split between the workers,
 on a real gunicorn, with requests held open until the test lets them go."""
 
+import contextlib
 import selectors
 import socket
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import threading
 import uuid
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -203,6 +205,31 @@ def _waiting(listener: socket.socket) -> int:
     return -1
 
 
+@contextlib.contextmanager
+def _held_app(
+    *, workers: int, threads: int, **env: str
+) -> Iterator[tuple[int, str, "redis.Redis[bytes]"]]:
+    """tests/held_app.py on a real gunicorn (with gunicorn.conf.py, as everywhere) once each of
+    its `workers` has loaded it: (port, the app's Redis key prefix, a Redis client); stopped and
+    its keys removed after."""
+    url = settings.CACHES["default"]["LOCATION"]
+    key = f"test:held:{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(url)
+    port = free_port()
+    command = [sys.executable, "-m", "gunicorn", "tests.held_app:application"]
+    command += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads)]
+    env = service_env(HELD_APP_REDIS_URL=url, HELD_APP_KEY=key, **env)
+    server = subprocess.Popen(command, cwd=ROOT, env=env)
+    try:
+        for _ in range(workers):
+            assert client.blpop([f"{key}:booted"], timeout=60) is not None, "a worker did not boot"
+        yield port, key, client
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        client.delete(f"{key}:arrived", f"{key}:release", f"{key}:booted")
+
+
 @pytest.mark.parametrize(("threshold", "frozen"), [("5000", True), ("0", False)])
 def test_a_worker_freezes_its_loaded_app_and_collects_less_often(
     threshold: str, frozen: bool
@@ -211,26 +238,10 @@ def test_a_worker_freezes_its_loaded_app_and_collects_less_often(
     (webworker.settle_collector): what it loaded is frozen and the youngest generation is
     collected every REDPACK_WEB_GC_THRESHOLD allocations; 0 leaves Python's collector as it
     was."""
-    port = free_port()
-    command = [sys.executable, "-m", "gunicorn", "tests.held_app:application"]
-    command += ["--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2"]
-    key = f"test:held:{uuid.uuid4().hex}"
-    client = redis.Redis.from_url(settings.CACHES["default"]["LOCATION"])
-    env = service_env(
-        HELD_APP_REDIS_URL=settings.CACHES["default"]["LOCATION"],
-        HELD_APP_KEY=key,
-        REDPACK_WEB_GC_THRESHOLD=threshold,
-    )
-    server = subprocess.Popen(command, cwd=ROOT, env=env)
-    try:
-        assert client.blpop([f"{key}:booted"], timeout=60) is not None, "the worker did not boot"
+    with _held_app(workers=1, threads=2, REDPACK_WEB_GC_THRESHOLD=threshold) as (port, _, _):
         # The worker serves its first request once post_worker_init has run (the listening
         # socket is the master's: the connection waits in its queue until then).
         answer = _get(port, "/collector")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        client.delete(f"{key}:booted")
     objects, youngest = (int(field) for field in answer.split())
     if frozen:
         assert objects > 10_000  # at least the app's modules and what they hold
@@ -252,51 +263,33 @@ def test_a_burst_is_split_between_the_workers() -> None:
     the other (gthread's own workers took all twelve in one); once answered, the workers hold
     nothing."""
     requests, slack = 12, 1
-    url = settings.CACHES["default"]["LOCATION"]
-    key = f"test:held:{uuid.uuid4().hex}"
-    client = redis.Redis.from_url(url)
-    port = free_port()
-    command = [sys.executable, "-m", "gunicorn", "tests.held_app:application"]
-    command += ["--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "16"]
-    server = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=service_env(
-            HELD_APP_REDIS_URL=url,
-            HELD_APP_KEY=key,
-            REDPACK_WEB_ACCEPT_SLACK=str(slack),
-        ),
-    )
     sockets: list[socket.socket] = []
-    try:
-        for _ in range(2):
-            assert client.blpop([f"{key}:booted"], timeout=60) is not None, "a worker did not boot"
-        # Both workers in their loops: each has answered a request.
-        seen: set[int] = set()
-        wait_for(lambda: bool(seen.update(_hellos(port, 4))) or len(seen) == 2, "both workers")
-        for _ in range(requests):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-            sock.sendall(b"GET /held-open HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-            sockets.append(sock)
-        arrived: Counter[int] = Counter()
-        for _ in range(requests):  # every request is running in a worker (16 threads each)
-            popped = client.blpop([f"{key}:arrived"], timeout=60)
-            assert popped is not None, f"{sum(arrived.values())} of {requests} arrived"
-            arrived[int(popped[1])] += 1
-        client.rpush(f"{key}:release", *range(requests))
-        answered: Counter[int] = Counter()
-        for sock in sockets:
-            pid, state = _body(sock).split()
-            assert state == "released"
-            answered[int(pid)] += 1
-        # Every request answered leaves the books: only the asking one is held.
-        wait_for(lambda: _get(port, "/held") == "1", "the workers to hold nothing")
-    finally:
-        for sock in sockets:
-            sock.close()
-        server.terminate()
-        server.wait(timeout=30)
-        client.delete(f"{key}:arrived", f"{key}:release", f"{key}:booted")
+    with _held_app(workers=2, threads=16, REDPACK_WEB_ACCEPT_SLACK=str(slack)) as held:
+        port, key, client = held
+        try:
+            # Both workers in their loops: each has answered a request.
+            seen: set[int] = set()
+            wait_for(lambda: bool(seen.update(_hellos(port, 4))) or len(seen) == 2, "both workers")
+            for _ in range(requests):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+                sock.sendall(b"GET /held-open HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                sockets.append(sock)
+            arrived: Counter[int] = Counter()
+            for _ in range(requests):  # every request is running in a worker (16 threads each)
+                popped = client.blpop([f"{key}:arrived"], timeout=60)
+                assert popped is not None, f"{sum(arrived.values())} of {requests} arrived"
+                arrived[int(popped[1])] += 1
+            client.rpush(f"{key}:release", *range(requests))
+            answered: Counter[int] = Counter()
+            for sock in sockets:
+                pid, state = _body(sock).split()
+                assert state == "released"
+                answered[int(pid)] += 1
+            # Every request answered leaves the books: only the asking one is held.
+            wait_for(lambda: _get(port, "/held") == "1", "the workers to hold nothing")
+        finally:
+            for sock in sockets:
+                sock.close()
     assert answered == arrived
     assert len(arrived) == 2, arrived
     low, high = sorted(arrived.values())
