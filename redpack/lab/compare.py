@@ -307,23 +307,36 @@ class Compare:
         """Credit every grab of the runs to its grabber's wallet (what the crediting task does
         in the background), then audit the books: how many, how fast, and the verdict."""
         self.log("crediting the runs' grabs to wallets, then auditing the books")
-        started = time.monotonic()
+        meters = Meters()
+        before = meters.snapshot()
+        started, python_started = time.monotonic(), time.thread_time()
         credited = 0
         while done := ledger.grabs_credit(batch=settings.REDPACK_CREDIT_BATCH, run_seconds=60):
             credited += done
         seconds = time.monotonic() - started
+        python = time.thread_time() - python_started
+        mysql = Meters.usage(before, meters.snapshot()).mysql_cpu
         unsafe = [n for n in registry.names() if not registry.get(n).safe]
         books = audit_books(drained=True, unowed=unsafe)
         found = {
             "credited": credited,
             "seconds": round(seconds, 1),
             "credits_per_s": round(credited / seconds, 1) if seconds else None,
+            # What a credit costs: this thread's CPU (the task's Python) and MySQL's, per grab.
+            "python_us_per_credit": round(1e6 * python / credited) if credited else None,
+            "mysql_us_per_credit": (
+                round(1e6 * mysql / credited) if credited and mysql is not None else None
+            ),
             "not_credited_unsafe": books.uncredited_unowed,
             "ok": books.ok,
             "violations": books.violations,
         }
         verdict = "ok" if books.ok else "FAILED"
-        self.log(f"  {credited} grabs credited in {seconds:.1f} s; books {verdict}")
+        self.log(
+            f"  {credited} grabs credited in {seconds:.1f} s"
+            f" ({found['python_us_per_credit']} µs of Python and {found['mysql_us_per_credit']}"
+            f" of MySQL each); books {verdict}"
+        )
         return found
 
     # --- preparation ---------------------------------------------------------------------

@@ -414,6 +414,13 @@ def write_markdown(
             "crediting task waits during the runs, which it would only blur on a shared "
             f"machine), and the books {verdict}."
             + (
+                f" Each credit cost {books['python_us_per_credit']} µs of the crediting "
+                f"Python's CPU and {books['mysql_us_per_credit']} µs of MySQL's."
+                if books.get("python_us_per_credit") is not None
+                and books.get("mysql_us_per_credit") is not None
+                else ""
+            )
+            + (
                 f" The unsafe baseline's {books['not_credited_unsafe']:,} oversold grabs were "
                 "not credited: no money was in the escrow for them."
                 if books.get("not_credited_unsafe")
