@@ -122,6 +122,7 @@ class Cents(int):
 
 
 Row = tuple[int | str | None, ...]
+INSERT_ROWS = 1000  # rows per INSERT statement: a large REDPACK_CREDIT_BATCH goes out in parts
 
 
 def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
@@ -148,11 +149,14 @@ def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
             raise TypeError(f"not a journal value: {value!r}")
         return str(value)
 
-    values = ", ".join(f"({', '.join(literal(value) for value in row)})" for row in rows)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}", params
-        )
+        for start in range(0, len(rows), INSERT_ROWS):
+            params.clear()
+            part = rows[start : start + INSERT_ROWS]
+            values = ", ".join(f"({', '.join(literal(value) for value in row)})" for row in part)
+            cursor.execute(
+                f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}", params
+            )
 
 
 def _balanced(lines: dict[int, int]) -> list[tuple[int, int]]:

@@ -129,6 +129,22 @@ def test_crediting_twice_credits_each_grab_once(sender, make_users):
     assert_books()
 
 
+def test_a_crediting_run_larger_than_one_insert_writes_every_row(sender, make_users, monkeypatch):
+    """The journal's rows go out in INSERTs of at most ledger.INSERT_ROWS: with 3, five grabs'
+    five entries and ten lines take two and four statements, and every one is written once."""
+    monkeypatch.setattr(ledger, "INSERT_ROWS", 3)
+    activity = send(sender, "10.00", 5)
+    grabbers = make_users(5, balance="0")
+    told = grab_each(activity, grabbers)
+    assert len(told) == 5
+    assert credit_all() == 5
+    assert JournalEntry.objects.filter(kind="credit").count() == 5
+    assert JournalLine.objects.filter(entry__kind="credit").count() == 10
+    assert {user.pk: cents(user) for user in grabbers} == told
+    assert escrow_cents(activity) == 0
+    assert_books()
+
+
 def test_lag_counts_the_uncredited_grabs(sender, make_users):
     activity = send(sender, "10.00", 5)
     grab_each(activity, make_users(2, balance="0"))
