@@ -126,12 +126,13 @@ INSERT_ROWS = 1000  # rows per INSERT statement: a large REDPACK_CREDIT_BATCH go
 
 
 def _insert(model: type[Model], fields: Sequence[str], rows: list[Row]) -> None:
-    """Rows of `model` (the values of `fields`, in that order) in one multi-row INSERT, without
-    a model object each: the journal rows of a crediting run. Integers, `Cents` (money.sql_decimal)
-    and None go into the statement as they are, built from the value alone; only strings are
-    parameters, escaped by the driver (a crediting run's hundreds of rows spent more time
-    escaping numbers than MySQL spent inserting them). No field default or conversion of
-    Django's applies: a column not named must be nullable or have a default in the database."""
+    """Rows of `model` (the values of `fields`, in that order) in multi-row INSERTs of up to
+    INSERT_ROWS rows, without a model object each: the journal rows of a crediting run.
+    Integers, `Cents` (money.sql_decimal) and None go into the statement as they are, built from
+    the value alone; only strings are parameters, escaped by the driver (a crediting run's
+    hundreds of rows spent more time escaping numbers than MySQL spent inserting them). No field
+    default or conversion of Django's applies: a column not named must be nullable or have a
+    default in the database."""
     quote = connection.ops.quote_name
     column = {f.name: f.column for f in model._meta.concrete_fields if f.column is not None}
     columns = ", ".join(quote(column[name]) for name in fields)
