@@ -540,6 +540,8 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         run["histogram_cells"] = [counts.get(b) for b in buckets]
         run["causes"] = run.get("causes") or {}
         run["p99_budget_text"], run["p99_budget_over"] = report.shown_cell(run, "budget")
+        steal = (run.get("steal_share"), run.get("steal_share_beside"))
+        run["steal_text"], run["steal_apart"] = report.shown_cell(steal, "steal")
         for key, shown in (
             ("within_1s", "within_1s_percent"),
             ("generator_cpu_share", "generator_cpu_percent"),

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import requests
 from django.conf import settings
@@ -34,7 +34,7 @@ from . import ceilings as ceiling_runs
 from . import processes, report, wrk
 from .bench import DEFAULT_PROCESSES
 from .ceilings import Ceiling
-from .meters import Meters, Usage
+from .meters import Meters, Usage, machine_shares, machine_times
 from .users import bench_authorization, bench_sender, bench_users_ensure, bench_users_write_csv
 
 BASE_DIR: Path = settings.BASE_DIR
@@ -600,7 +600,8 @@ class Compare:
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
         self._quiet()
-        beside = self._ping_burst_beside(name) if hot else self._ping_beside(name)
+        ping = self._ping_burst_beside(name) if hot else self._ping_beside(name)
+        beside = ping.rate
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -624,6 +625,7 @@ class Compare:
             # this many: each wrk thread goes round its own share of the users.
             row["repeated_users"] = row["requests"] - users
             self.log(f"  warning: {row['repeated_users']} requests past the {users} users")
+        row["steal_share_beside"] = ping.steal_share
         if hot and beside is not None:
             row["ping_burst_beside_per_s"] = beside
         elif beside is not None and row.get("requests_per_s"):
@@ -636,7 +638,7 @@ class Compare:
             row["unanswered"] += 0 if hot else row["interrupted"]
         self._add_http_row(row, usage)
 
-    def _ping_beside(self, name: str) -> float | None:
+    def _ping_beside(self, name: str) -> "Beside":
         """The kept-alive ping from wrk again, just before a strategy's many-packets run, on the
         same connections for as long as the run, from the same generator (wrk_grab.lua, each
         request as the next of the same users): on a shared machine the server's pace drifts
@@ -654,17 +656,18 @@ class Compare:
             )
         except RuntimeError as exc:
             self.log(f"  ping beside it: failed ({exc})")
-            return None
+            return Beside(None, None)
         share = ping.get("generator_cpu_share")
         self.log(
             f"  ping beside it: {_rate(ping['requests_per_s'])}"
             f" (wrk's own CPU {share if share is None else f'{100 * share:.0f}%'} of its cores,"
-            f" {ping.get('unanswered', 0)} unanswered)"
+            f" {ping.get('unanswered', 0)} unanswered; {_steal(ping)})"
         )
         self._quiet()  # its connections closed before the run it is beside
-        return float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+        rate = float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
+        return Beside(rate, ping["steal_share"])
 
-    def _ping_burst_beside(self, name: str) -> float | None:
+    def _ping_burst_beside(self, name: str) -> "Beside":
         """The ping burst again (`_measure_web_burst`'s shape), just before a strategy's hot
         burst: a hot burst's p99 budget is its requests ÷ this rate + 1 s (`assign_ceilings`),
         for the reason `_ping_beside` gives. None when the burst was not answered in full or
@@ -673,14 +676,14 @@ class Compare:
             ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-beside.log")
         except RuntimeError as exc:
             self.log(f"  ping burst beside it: failed ({exc})")
-            return None
+            return Beside(None, None)
         pongs = ping["statuses"].get("200", 0)
         self.log(
             f"  ping burst beside it: {_rate(ping['requests_per_s'])}, p99 {ping['p99_ms']} ms"
-            f" ({pongs} of {ping['requests']} answered 200)"
+            f" ({pongs} of {ping['requests']} answered 200; {_steal(ping)})"
         )
         self._quiet()
-        return _burst_rate(ping)
+        return Beside(_burst_rate(ping), ping["steal_share"])
 
     def _wrk_ping_burst(self, log: str) -> dict[str, Any]:
         """The ping in the hot burst's shape: every hot user at once, one request each on a
@@ -694,16 +697,21 @@ class Compare:
         self, users: int, *, once: bool, connections: int, seconds: int, log: str
     ) -> dict[str, Any]:
         """`GET /api/ping/` from wrk with the grab runs' script (wrk.grab_run), as the first
-        `users` bench users; `log` under the work dir. RuntimeError when wrk gives no result."""
-        return wrk.grab_run(
+        `users` bench users; `log` under the work dir, with the machine's busy and steal
+        shares over the run (meters.machine_shares). RuntimeError when wrk gives no result."""
+        tokens = self._tokens(users)
+        before = machine_times()
+        summary = wrk.grab_run(
             url=f"{self.host}/api/ping/",
-            tokens=self._tokens(users),
+            tokens=tokens,
             once=once,
             connections=connections,
             seconds=seconds,
             log=self.config.work_dir / log,
             method="GET",
         )
+        summary.update(machine_shares(before, machine_times()))
+        return summary
 
     def _tokens(self, count: int) -> list[str]:
         """The Authorization values of the first `count` bench users (the users CSV)."""
@@ -719,6 +727,8 @@ class Compare:
             mysql_queries=usage.mysql_queries,
             redis_commands=usage.redis_commands,
             cpu_seconds=round(cpu, 3),
+            machine_busy_share=usage.machine_busy_share,
+            steal_share=usage.steal_share,
         )
         if requests_done:
             row["mysql_queries_per_request"] = (
@@ -729,7 +739,7 @@ class Compare:
             row["redis_commands_per_request"] = round(usage.redis_commands / requests_done, 3)
             row["cpu_seconds_per_1k_requests"] = round(1000 * cpu / requests_done, 3)
         self.results.append(row)
-        self.log("  " + _line(row))
+        self.log(f"  {_line(row)}; {_steal(row)}")
 
     def _send(self, name: str, packets: int) -> int:
         with override_settings(
@@ -826,6 +836,19 @@ class Compare:
                     f" ({_rate(row.get('ping_beside_per_s'))})"
                 )
             )
+
+
+class Beside(NamedTuple):
+    """The ping measured just before a strategy's HTTP run: its rate (None when it cannot
+    bound the run) and the machine's steal share over it."""
+
+    rate: float | None
+    steal_share: float | None
+
+
+def _steal(summary: dict[str, Any]) -> str:
+    share = summary.get("steal_share")
+    return "steal –" if share is None else f"steal {100 * share:.0f}%"
 
 
 def _burst_rate(summary: dict[str, Any]) -> float | None:

@@ -79,7 +79,11 @@ HTTP_COLUMNS: list[tuple[str, str, str]] = [
     ("within_1s", "within 1 s", "%"),
     ("of_ping_beside", "÷ ping beside it", "%"),
     ("generator_cpu_share", "generator CPU", "generator"),
+    ("steal_share", "steal (ping beside)", "steal"),
 ]
+# A run whose steal differs from the ping's beside it by this much (a share of the machine) or
+# more is marked: its ratio to that ping is the neighbours' as much as the software's.
+STEAL_APART = 0.05
 LAG_SHOWN_FROM = 0.05  # seconds: below this every strategy is synchronous, so no column
 
 
@@ -110,6 +114,8 @@ def cell(value: Any, fmt: str) -> str:
         if share is None:
             return "–"
         return f"{100 * share:.0f}%" + (" **generator-bound**" if bound else "")
+    if fmt == "steal":
+        return steal_cell(*value)
     if fmt == "kind":
         return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
@@ -139,7 +145,21 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
         return (row.get(key), row.get("generator_bound"))
     if fmt == "budget":
         return row
+    if fmt == "steal":
+        return (row.get(key), row.get("steal_share_beside"))
     return row.get(key)
+
+
+def steal_cell(run: float | None, beside: float | None) -> str:
+    """A run's steal share, with the ping's beside it; bold when they are STEAL_APART apart."""
+    if run is None:
+        return "–"
+    shown = f"{100 * run:.0f}%"
+    if beside is None:
+        return shown
+    if abs(run - beside) >= STEAL_APART:
+        shown = f"**{shown}**"
+    return f"{shown} (ping {100 * beside:.0f}%)"
 
 
 BUDGET_SHAPES = (("burst", "ping burst"), ("kept_alive", "kept-alive ping"))
@@ -360,10 +380,13 @@ How to read it:
   same users (the ping at the start of a long comparison may have been measured at another pace of a
   shared machine). **generator CPU**: the generator's own CPU over the run per Locust process (one
   core each) or per wrk thread; at 90% and above the load generator, not the server, may
-  be the limit. wrk times a request from its write: in the hot burst the TCP connect before it
-  is not in the latency (the run's seconds, from wrk's start to the last answer, include it);
-  it cannot tell which user an answer went to, so its `grabbed` answers are checked against
-  MySQL by number and amounts, beside the auditor's invariants.
+  be the limit. **steal (ping beside)**: the share of the machine's CPU time the hypervisor gave
+  other guests over the run (0 off a virtual machine), and over the ping beside it; in bold
+  when the two are 5 points or more apart, since the run's pace against that ping is then the
+  neighbours' as much as the software's. wrk times a request from its write: in the hot burst
+  the TCP connect before it is not in the latency (the run's seconds, from wrk's start to the
+  last answer, include it); it cannot tell which user an answer went to, so its `grabbed`
+  answers are checked against MySQL by number and amounts, beside the auditor's invariants.
 """
 
 

@@ -227,6 +227,13 @@ def test_chart_is_a_png(tmp_path):
     assert path.stat().st_size > 10_000
 
 
+def test_a_runs_steal_is_flagged_only_when_it_is_five_points_from_the_pings_beside_it():
+    assert report.steal_cell(0.07, 0.03) == "7% (ping 3%)"
+    assert report.steal_cell(0.03, 0.08) == "**3%** (ping 8%)"
+    assert report.steal_cell(0.04, None) == "4%"
+    assert report.steal_cell(None, 0.04) == "–"
+
+
 def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_path):
     http = row(
         "pessimistic",
@@ -240,6 +247,7 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
         latency_histogram={"≤10 ms": 9_000, "≤1000 ms": 250, "≤5000 ms": 750},
         generator_cpu_share=0.95,
         generator_bound=True,
+        steal_share=0.02,
     )
     many = row(
         "redis_counter",
@@ -251,6 +259,8 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
         ping_beside_per_s=1_500.0,
         of_ping_beside=0.8,
         generator_cpu_share=0.05,
+        steal_share=0.12,
+        steal_share_beside=0.03,
     )
     path = tmp_path / "compare.md"
     report.write_markdown(path, results=[http, many], ceilings=[], context={}, chart=None)
@@ -260,12 +270,13 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
     line = next(x for x in text.splitlines() if x.startswith("| pessimistic | HTTP hot | 10,000"))
     assert "| **3** |" in line  # unanswered, flagged
     assert "grabbed 100, sold_out 9,890, shed 7, client_timeout 3" in line
-    assert "| 4,100 | 92.5% | – | 95% **generator-bound** |" in line
+    assert "| 4,100 | 92.5% | – | 95% **generator-bound** | 2% |" in line
     # A many-packets run beside the ping measured just before it.
     line = next(
         x for x in text.splitlines() if x.startswith("| redis_counter | HTTP thr") and "18,000" in x
     )
-    assert "| 100.0% | 80.0% | 5% |" in line
+    # The hypervisor took 12% of the machine over the run, 3% over the ping: flagged.
+    assert "| 100.0% | 80.0% | 5% | **12%** (ping 3%) |" in line
     histogram = next(x for x in text.splitlines() if x.startswith("| strategy | run | ≤10 ms"))
     assert histogram.endswith("| ≤10 ms | ≤1000 ms | ≤5000 ms |")
     assert "| pessimistic | HTTP hot | 9,000 | 250 | 750 |" in text
