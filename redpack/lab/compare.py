@@ -670,8 +670,8 @@ class Compare:
     def _ping_burst_beside(self, name: str) -> "Beside":
         """The ping burst again (`_measure_web_burst`'s shape), just before a strategy's hot
         burst: a hot burst's p99 budget is its requests ÷ this rate + 1 s (`assign_ceilings`),
-        for the reason `_ping_beside` gives. None when the burst was not answered in full or
-        wrk was its bottleneck (then the one at the start counts)."""
+        for the reason `_ping_beside` gives. Its rate is None when the burst was not answered in
+        full or wrk was its bottleneck (then the one at the start counts)."""
         try:
             ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-beside.log")
         except RuntimeError as exc:
