@@ -847,8 +847,8 @@ class Beside(NamedTuple):
 
 
 def _steal(summary: dict[str, Any]) -> str:
-    share = summary.get("steal_share")
-    return "steal –" if share is None else f"steal {100 * share:.0f}%"
+    """A run's steal share for the log, as the report shows it."""
+    return f"steal {report.steal_cell(summary.get('steal_share'), None)}"
 
 
 def _burst_rate(summary: dict[str, Any]) -> float | None:
