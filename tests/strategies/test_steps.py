@@ -2,13 +2,14 @@
 packets are claimed all or none, and the values written inline are exactly the grabs'."""
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, connections, transaction
 
-from redpack import services
+from redpack import selectors, services
 from redpack.models import GrabDetail, Packet, PacketStatus
-from redpack.money import sql_decimal, to_cents
+from redpack.money import from_cents, sql_decimal, to_cents
 from strategies import steps
 from strategies.steps import GrabRow, claim_packets, insert_grab_rows
 
@@ -132,3 +133,60 @@ def test_a_batch_claims_its_packets_before_it_takes_the_activity_row(
         assert steps.record_grabs(activity_id=activity.pk, rows=rows)
         assert not _activity_row_is_free(activity.pk)
     assert seen == [(True, {p.pk for p in packets})]
+
+
+def on_a_connection_of_its_own(sql: str) -> tuple[Any, ...] | None:
+    spare = connections.create_connection("default")
+    try:
+        with spare.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchone()
+    finally:
+        spare.close()
+
+
+def pings_so_far() -> int:
+    """The server's count of COM_PING and its kind (Com_admin_commands), read on a connection
+    of its own, which sends none."""
+    row = on_a_connection_of_its_own("SHOW GLOBAL STATUS LIKE 'Com_admin_commands'")
+    assert row is not None
+    return int(row[1])
+
+
+def connection_id() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("strategy", ["pessimistic", "group_commit"])
+def test_a_grab_transaction_pings_no_server_and_reopens_a_connection_that_died(
+    make_users, sender, strategy, monkeypatch
+):
+    """Django pings MySQL before the first statement of each request (CONN_HEALTH_CHECKS); a
+    grab's transaction goes without it. A connection killed since its last use is opened
+    again and the grab written, as the ping would have had it."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)  # kept between requests
+    connection.close()
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount=Decimal("10.00"), total_count=5, strategy=strategy
+    )
+    first, second = make_users(2)
+    selectors.activity_strategy(activity.pk)  # read once per process and activity
+    old = connection_id()
+    close_old_connections()  # what request_started does: the next statement would ping first
+    before = pings_so_far()
+    assert services.activity_grab(activity_id=activity.pk, user_id=first.pk).outcome.value == (
+        "grabbed"
+    )
+    assert pings_so_far() == before
+
+    on_a_connection_of_its_own(f"KILL CONNECTION {old}")
+    close_old_connections()
+    result = services.activity_grab(activity_id=activity.pk, user_id=second.pk)
+    assert result.outcome.value == "grabbed"
+    assert connection_id() != old
+    written = GrabDetail.objects.filter(activity=activity).values_list("user_id", "amount")
+    assert sorted(written) == sorted(
+        [(first.pk, written.get(user_id=first.pk)[1]), (second.pk, from_cents(result.amount_cents))]
+    )
