@@ -154,6 +154,10 @@ class Scenario:
     name: str
     creates_activity: bool = True
     packets: int = 100
+    # Each user's clicks once, the run over when all are answered (or at its cap): a request
+    # still in flight at the stop is unanswered. Else the run is timed, and such a request is
+    # `cut_off` by its clock (stats.CAUSES).
+    burst: bool = False
 
 
 STRATEGIES_TIMEOUT = 3.0  # seconds to wait for the server's /api/strategies/
@@ -617,6 +621,11 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
     generator_share = round(generator_cpu / (seconds * len(parts)), 3) if seconds else None
     latency = _grab_latency(environment, "ping" if scenario.name == "ping" else "grab")
     requests_total = latency.num_requests
+    # Requests Locust counted without a cause of ours (the ones in flight at the stop it never
+    # counted).
+    unexplained = max(0, requests_total - sum(causes.values())) if scenario.name != "ping" else 0
+    if interrupted and not scenario.burst:
+        causes["cut_off"] += interrupted
     answered = sum(outcomes.values())
     grabbed = outcomes["grabbed"]
     contended = outcomes["contended"]
@@ -632,13 +641,12 @@ def _merge(environment: Environment, scenario: Scenario, parts: list[dict]) -> d
         "failures": failures if scenario.name != "ping" else latency.num_failures,
         "interrupted": interrupted,
         # Every request by cause; `unanswered`: no HTTP answer reached the client (timeout,
-        # connection error, cut off by the stop); `unexplained`: requests Locust counted
-        # without a cause of ours (must be 0, else the run is marked failed).
+        # connection error, a burst's request still in flight at its cap); `unexplained`:
+        # requests Locust counted without a cause of ours (must be 0, else the run is marked
+        # failed).
         "causes": {c: causes[c] for c in CAUSES if causes[c]},
-        "unanswered": sum(causes[c] for c in UNANSWERED) + interrupted,
-        "unexplained": (
-            max(0, requests_total - sum(causes.values())) if scenario.name != "ping" else 0
-        ),
+        "unanswered": sum(causes[c] for c in UNANSWERED) + (interrupted if scenario.burst else 0),
+        "unexplained": unexplained,
         "grabbed": grabbed,
         "contended": contended,
         **run_rates(

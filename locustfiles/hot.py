@@ -13,7 +13,7 @@ from locust.exception import StopUser
 
 import _common
 
-_common.register(_common.Scenario("hot", packets=100))
+_common.register(_common.Scenario("hot", packets=100, burst=True))
 
 
 class HotGrabber(FastHttpUser):

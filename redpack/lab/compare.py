@@ -633,9 +633,14 @@ class Compare:
             row["of_ping_beside"] = round(row["requests_per_s"] / beside, 4)
         granted = row.pop("granted", None)
         if granted is not None:
-            cut_off = row["unanswered"] if hot else connections
-            row.update(wrk.audit_answers(name, activity_id, granted, cut_off_at_most=cut_off))
-            row["unanswered"] += 0 if hot else row["interrupted"]
+            # Rows nobody heard of: a burst's unanswered requests; a timed run's cut off by its
+            # stop (one per connection at most) and those lost with a broken connection.
+            heard_of_by_none = row["unanswered"] + (0 if hot else connections)
+            row.update(
+                wrk.audit_answers(name, activity_id, granted, cut_off_at_most=heard_of_by_none)
+            )
+            if not hot and row["interrupted"]:
+                row["causes"]["cut_off"] = row["interrupted"]
         self._add_http_row(row, usage)
 
     def _ping_beside(self, name: str) -> "Beside":

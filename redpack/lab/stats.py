@@ -59,7 +59,10 @@ def share(part: float, whole: float) -> float | None:
 
 # Why an HTTP grab request ended as it did (the Locust scenarios count every request under one).
 # The first six are answers of the contract (`shed`: a `contended` the server gave at once, the
-# activity's line in that web process full); the others are not.
+# activity's line in that web process full); the others are not. `cut_off`: in flight when a
+# timed run's clock stopped it (at most one per connection or user; its grab, if any, is in
+# MySQL and checked there), which no client waited for: not unanswered. A burst has no clock
+# of its own: a request it still waited for at its cap is unanswered.
 CAUSES = (
     "grabbed",
     "already_grabbed",
@@ -73,6 +76,7 @@ CAUSES = (
     "other_http",
     "client_timeout",
     "connection_error",
+    "cut_off",
 )
 ANSWERS = frozenset(CAUSES[:5])  # the contract's outcomes, as the API names them
 UNANSWERED = ("client_timeout", "connection_error")  # no HTTP answer reached the client

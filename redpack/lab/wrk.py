@@ -135,7 +135,12 @@ def grab_run(
     run_seconds = (ended - started) if once else result["duration_us"] / 1e6
     sent = len(tokens) if once else result["requests"]
     return summarize(
-        result, sent=sent, seconds=run_seconds, cpu_seconds=cpu, connections=connections
+        result,
+        sent=sent,
+        seconds=run_seconds,
+        cpu_seconds=cpu,
+        connections=connections,
+        timed=not once,
     )
 
 
@@ -152,9 +157,18 @@ def _wait_for_answers(
 
 
 def summarize(
-    result: dict[str, Any], *, sent: int, seconds: float, cpu_seconds: float, connections: int
+    result: dict[str, Any],
+    *,
+    sent: int,
+    seconds: float,
+    cpu_seconds: float,
+    connections: int,
+    timed: bool = False,
 ) -> dict[str, Any]:
-    """wrk's result as a lab summary (the keys of a Locust run's)."""
+    """wrk's result as a lab summary (the keys of a Locust run's). `sent`: the burst's
+    requests, one per user; in a `timed` run, wrk's own count of answers, and a connection that
+    broke (wrk's read and write errors: it opens the connection again and sends the next
+    request) lost the request it carried: each is one more request, unanswered."""
     causes: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
@@ -169,8 +183,11 @@ def summarize(
     answered = sum(causes.values())
     # A request wrk gave up on (--timeout) or whose connection broke has no answer; the burst
     # sent one per user, a timed run as many as wrk counted.
-    causes["client_timeout"] += result["errors"]["timeout"]
-    missing = max(0, sent - answered - result["errors"]["timeout"])
+    errors = result["errors"]
+    causes["client_timeout"] += errors["timeout"]
+    if timed:
+        sent += errors["read"] + errors["write"]
+    missing = max(0, sent - answered - errors["timeout"])
     causes["connection_error"] += missing
     at_most = {int(bound): count for bound, count in result["at_most_ms"].items()}
     histogram: dict[str, int] = {}

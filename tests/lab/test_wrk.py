@@ -1,9 +1,11 @@
 """The lab's wrk runs (redpack/lab/wrk.py, wrk_grab.lua): every answer counted by cause, and a
 real burst through gunicorn whose `grabbed` answers match MySQL's rows."""
 
+import contextlib
 import functools
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 
 import pytest
@@ -60,6 +62,28 @@ def test_every_answer_and_every_missing_one_has_a_cause():
     assert summary["generator_cpu_share"] == 0.25 and not summary["generator_bound"]
 
 
+def test_in_a_timed_run_each_broken_connection_lost_a_request():
+    """wrk counts only the requests it got an answer for; one whose connection broke (a read
+    or a write error: wrk opens the connection again and goes on) is a request unanswered."""
+    result = {
+        "requests": 5,
+        "duration_us": 1_000_000,
+        "errors": {"connect": 1, "read": 2, "write": 1, "status": 0, "timeout": 0},
+        "answers": {"200|grabbed||": 5},
+        "granted": ["0.50"] * 5,
+        "percentiles_us": {"50": 2000, "95": 2000, "99": 2000},
+        "max_us": 2000,
+        "at_most_ms": {"10": 5},
+    }
+
+    timed = wrk.summarize(result, sent=5, seconds=1.0, cpu_seconds=0.1, connections=4, timed=True)
+
+    assert timed["causes"] == {"grabbed": 5, "connection_error": 3}
+    assert timed["requests"] == 8 and timed["unanswered"] == 3
+    burst = wrk.summarize(result, sent=5, seconds=1.0, cpu_seconds=0.1, connections=5)
+    assert burst["causes"] == {"grabbed": 5} and burst["unanswered"] == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_from_wrk_is_answered_in_full_and_its_grabs_are_the_rows(
     make_users, sender, tmp_path
@@ -97,38 +121,15 @@ def test_a_request_lost_with_its_connection_stays_unanswered_and_no_user_grabs_t
     the thread's share, a user grabbing twice): wrk_grab.lua sends GET /healthz instead, counted
     apart (`resent`), and the lost user's request is reported unanswered."""
     seen: list[bytes] = []
-    dropped = threading.Event()
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+    def answer(request: bytes) -> bytes:
+        line = request.split(b"\r\n", 1)[0]
+        auth = [h for h in request.split(b"\r\n") if h.lower().startswith(b"authorization")]
+        seen.append(line + b" " + (auth[0] if auth else b""))
+        return b'{"status": "ok"}' if b"/healthz" in line else b'{"outcome": "sold_out"}'
 
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(65536):
-                line = data.split(b"\r\n", 1)[0]
-                if b"/grab/" in line and not dropped.is_set():
-                    dropped.set()  # the first grab: its connection closes without an answer
-                    return
-                auth = [h for h in data.split(b"\r\n") if h.lower().startswith(b"authorization")]
-                seen.append(line + b" " + (auth[0] if auth else b""))
-                body = b'{"status": "ok"}' if b"/healthz" in line else b'{"outcome": "sold_out"}'
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
-
-    threading.Thread(target=serve, daemon=True).start()
     tokens = [f"Bearer user-{n}" for n in range(wrk.THREADS)]
-    try:
+    with dropping_the_first_grab(answer) as port:
         summary = wrk.grab_run(
             url=f"http://127.0.0.1:{port}/api/activities/1/grab/",
             tokens=tokens,
@@ -137,9 +138,63 @@ def test_a_request_lost_with_its_connection_stays_unanswered_and_no_user_grabs_t
             seconds=3,
             log=tmp_path / "wrk.log",
         )
-    finally:
-        listener.close()
     grabs = [s for s in seen if b"/grab/" in s]
     assert len(grabs) == len(set(grabs)) == len(tokens) - 1  # each user at most once
     assert summary["resent"] >= 1
     assert summary["unanswered"] == 1 and summary["outcomes"] == {"sold_out": len(tokens) - 1}
+
+
+@pytest.mark.skipif(wrk.available() is None, reason="wrk is not installed")
+def test_a_request_lost_with_its_connection_in_a_timed_run_is_unanswered(tmp_path):
+    """A timed run (connections grabbing back to back) against a server that closes one
+    connection without answering its grab: wrk goes on on a new connection, and the lost
+    request is counted, a `connection_error`, not forgotten."""
+    with dropping_the_first_grab(lambda request: b'{"outcome": "sold_out"}') as port:
+        summary = wrk.grab_run(
+            url=f"http://127.0.0.1:{port}/api/activities/1/grab/",
+            tokens=[f"Bearer user-{n}" for n in range(100)],
+            once=False,
+            connections=2,
+            seconds=1,
+            log=tmp_path / "wrk.log",
+        )
+    assert summary["causes"]["connection_error"] == 1
+    assert summary["unanswered"] == 1
+    assert summary["causes"]["sold_out"] == summary["requests"] - 1 > 0
+
+
+@contextlib.contextmanager
+def dropping_the_first_grab(answer: Callable[[bytes], bytes]) -> Iterator[int]:
+    """A server on a free port (yielded) that closes the connection of the first grab it gets
+    without answering it, and answers every other request 200 with `answer(request)` as the
+    JSON body."""
+    dropped = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=on_connection, args=(conn,), daemon=True).start()
+
+    def on_connection(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):  # wrk resets what is open when it stops
+            while request := conn.recv(65536):
+                if b"/grab/" in request.split(b"\r\n", 1)[0] and not dropped.is_set():
+                    dropped.set()
+                    return
+                body = answer(request)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
