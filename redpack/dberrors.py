@@ -10,9 +10,10 @@ LOCK_GAVE_UP = frozenset({LOCK_WAIT_TIMEOUT, DEADLOCK, LOCK_NOWAIT})
 # The client could not reach the server, or lost it during the handshake: CR_CONNECTION_ERROR,
 # CR_CONN_HOST_ERROR, CR_SERVER_LOST.
 UNREACHABLE = frozenset({2002, 2003, 2013})
-# An open connection that no longer reaches its server (CR_SERVER_GONE_ERROR, CR_SERVER_LOST):
-# the statement that found out may not have run, and the connection is of no further use.
-CONNECTION_LOST = frozenset({2006, 2013})
+# An open connection that no longer reaches its server (CR_SERVER_GONE_ERROR, CR_SERVER_LOST;
+# MySQL 8.0.24+ names an idle one it closed, ER_CLIENT_INTERACTION_TIMEOUT): the statement that
+# found out may not have run, and the connection is of no further use.
+CONNECTION_LOST = frozenset({2006, 2013, 4031})
 
 
 def code(exc: BaseException) -> object:

@@ -105,17 +105,24 @@ def _transaction_started() -> Any:
     was_open = wrapper.connection is not None
     # No ping on the way (a new connection is checked by its own handshake).
     wrapper.health_check_done = True  # type: ignore[attr-defined]
-    cursor = wrapper.cursor()
     try:
-        cursor.execute("START TRANSACTION")
+        return _begun(wrapper)
     except OperationalError as exc:
         if not was_open or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
             raise
+    wrapper.close()
+    return _begun(wrapper)
+
+
+def _begun(wrapper: Any) -> Any:
+    """A new cursor of `wrapper` with START TRANSACTION sent on it (closed if that fails)."""
+    cursor = wrapper.cursor()
+    try:
+        cursor.execute("START TRANSACTION")
+    except BaseException:
         with suppress(DatabaseError):
             cursor.close()
-        wrapper.close()
-        cursor = wrapper.cursor()
-        cursor.execute("START TRANSACTION")
+        raise
     return cursor
 
 

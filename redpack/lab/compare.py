@@ -633,14 +633,11 @@ class Compare:
             row["of_ping_beside"] = round(row["requests_per_s"] / beside, 4)
         granted = row.pop("granted", None)
         if granted is not None:
-            # Rows nobody heard of: a burst's unanswered requests; a timed run's cut off by its
-            # stop (one per connection at most) and those lost with a broken connection.
-            heard_of_by_none = row["unanswered"] + (0 if hot else connections)
+            # Rows nobody heard of can only be the grabs of requests without an answer.
+            without_answer = row["unanswered"] + row["causes"].get("cut_off", 0)
             row.update(
-                wrk.audit_answers(name, activity_id, granted, cut_off_at_most=heard_of_by_none)
+                wrk.audit_answers(name, activity_id, granted, cut_off_at_most=without_answer)
             )
-            if not hot and row["interrupted"]:
-                row["causes"]["cut_off"] = row["interrupted"]
         self._add_http_row(row, usage)
 
     def _ping_beside(self, name: str) -> "Beside":

@@ -375,20 +375,22 @@ How to read it:
   `outcome_unknown` (503), other `5xx`, `client_timeout` and `connection_error` (no answer reached
   the client: **unanswered**; in a burst, also a request still waited for at its cap), and
   `cut_off`: in flight when a timed run's clock stopped it, at most one per connection (its grab,
-  if any, is checked in MySQL), not a request anybody waited for. A request Locust counted without
-  a cause fails the run. **within 1 s**: share of the requests answered within a second. **÷ ping
-  beside it** (wrk's many-packets runs): grabs/s ÷ wrk's kept-alive ping measured just before the
-  run, on the same connections for as long, from the same script over the same users (the ping at
-  the start of a long comparison may have been measured at another pace of a shared machine).
-  **generator CPU**: the generator's own CPU over the run per Locust process (one core each) or
-  per wrk thread; at 90% and above the load generator, not the server, may be the limit. **steal
-  (ping beside)**: the share of the machine's CPU time the hypervisor gave other guests over the
-  run (0 off a virtual machine), and over the ping beside it; in bold when the two are 5 points or
-  more apart, since the run's pace against that ping is then the neighbours' as much as the
-  software's. wrk times a request from its write: in the hot burst the TCP connect before it is
-  not in the latency (the run's seconds, from wrk's start to the last answer, include it); it
-  cannot tell which user an answer went to, so its `grabbed` answers are checked against MySQL by
-  number and amounts, beside the auditor's invariants.
+  if any, is checked in MySQL; it comes on top of **requests**), not a request anybody waited for;
+  in a timed run, requests without an answer beyond one per connection were lost with a broken
+  connection, `connection_error`. A request Locust counted without a cause fails the run. **within
+  1 s**: share of the requests answered within a second. **÷ ping beside it** (wrk's many-packets
+  runs): grabs/s ÷ wrk's kept-alive ping measured just before the run, on the same connections for
+  as long, from the same script over the same users (the ping at the start of a long comparison
+  may have been measured at another pace of a shared machine). **generator CPU**: the generator's
+  own CPU over the run per Locust process (one core each) or per wrk thread; at 90% and above the
+  load generator, not the server, may be the limit. **steal (ping beside)**: the share of the
+  machine's CPU time the hypervisor gave other guests over the run (0 off a virtual machine), and
+  over the ping beside it; in bold when the two are 5 points or more apart, since the run's pace
+  against that ping is then the neighbours' as much as the software's. wrk times a request from
+  its write: in the hot burst the TCP connect before it is not in the latency (the run's seconds,
+  from wrk's start to the last answer, include it); it cannot tell which user an answer went to,
+  so its `grabbed` answers are checked against MySQL by number and amounts, beside the auditor's
+  invariants.
 """
 
 

@@ -133,10 +133,9 @@ def grab_run(
     result = json.loads(found[-1][len(RESULT_PREFIX) :])
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     run_seconds = (ended - started) if once else result["duration_us"] / 1e6
-    sent = len(tokens) if once else result["requests"]
     return summarize(
         result,
-        sent=sent,
+        sent=len(tokens),
         seconds=run_seconds,
         cpu_seconds=cpu,
         connections=connections,
@@ -166,9 +165,10 @@ def summarize(
     timed: bool = False,
 ) -> dict[str, Any]:
     """wrk's result as a lab summary (the keys of a Locust run's). `sent`: the burst's
-    requests, one per user; in a `timed` run, wrk's own count of answers, and a connection that
-    broke (wrk's read and write errors: it opens the connection again and sends the next
-    request) lost the request it carried: each is one more request, unanswered."""
+    requests, one per user. In a `timed` run, the script's count of the requests it made: those
+    without an answer were in flight when the clock stopped the run, at most one per connection
+    (`cut_off`, on top of `requests`), or lost with a connection that broke (the rest:
+    `connection_error`; wrk opens such a connection again and goes on)."""
     causes: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
@@ -183,11 +183,12 @@ def summarize(
     answered = sum(causes.values())
     # A request wrk gave up on (--timeout) or whose connection broke has no answer; the burst
     # sent one per user, a timed run as many as wrk counted.
-    errors = result["errors"]
-    causes["client_timeout"] += errors["timeout"]
+    causes["client_timeout"] += result["errors"]["timeout"]
     if timed:
-        sent += errors["read"] + errors["write"]
-    missing = max(0, sent - answered - errors["timeout"])
+        without_answer = max(0, result["made"] - answered)
+        causes["cut_off"] = min(connections, without_answer)
+        sent = answered + without_answer - causes["cut_off"]
+    missing = max(0, sent - answered - result["errors"]["timeout"])
     causes["connection_error"] += missing
     at_most = {int(bound): count for bound, count in result["at_most_ms"].items()}
     histogram: dict[str, int] = {}

@@ -20,7 +20,9 @@
 -- GET /healthz instead ("resent": counted apart, never as an answer), and the lost request
 -- stays unanswered.
 --
--- done() prints one line, "WRK_RESULT <json>": answers by "status|outcome|reason|error code",
+-- done() prints one line, "WRK_RESULT <json>": the users' requests sent ("made"; in a timed
+-- run, those without an answer were cut off by its stop or lost with a broken connection),
+-- answers by "status|outcome|reason|error code",
 -- the amounts of the `grabbed` answers, wrk's error counts, the latency percentiles and, for
 -- each bound of WRK_BOUNDS_MS, how many answers came within it (wrk's own record of latency,
 -- from the request's write to its response; a request past --timeout is not in it).
@@ -48,7 +50,8 @@ function init(args)
   done_dir = os.getenv("WRK_DONE_DIR")
   -- ready: requests that delay() let through and request() has not made yet (each connection's
   -- delay() is followed by its request(), with other connections' calls in between).
-  next_user, sent, answered, resent, ready = 1, 0, 0, 0, 0
+  -- made: the requests of users this thread sent (not the check, not a resent /healthz).
+  next_user, sent, answered, resent, ready, made = 1, 0, 0, 0, 0, 0
   answers, granted = {}, {}
 end
 
@@ -64,15 +67,16 @@ function delay()
 end
 
 function request()
+  if sent == 0 and ready == 0 then
+    -- wrk's check of the script (on thread 0's state, before any request): never sent.
+    return wrk.format(method, path, {["Authorization"] = tokens[1], ["Content-Length"] = "0"})
+  end
   if once and ready == 0 then
-    if sent == 0 then
-      -- wrk's check of the script (on thread 0's state, before any request): never sent.
-      return wrk.format(method, path, {["Authorization"] = tokens[1], ["Content-Length"] = "0"})
-    end
     resent = resent + 1
     return wrk.format("GET", "/healthz")
   end
   ready = ready - 1
+  made = made + 1
   local index = next_user
   next_user = next_user % #tokens + 1
   return wrk.format(method, path, {
@@ -125,9 +129,10 @@ local function at_most(latency, count, bound)
 end
 
 function done(summary, latency, requests)
-  local all_answers, all_granted, all_resent = {}, {}, 0
+  local all_answers, all_granted, all_resent, all_made = {}, {}, 0, 0
   for _, thread in ipairs(threads) do
     all_resent = all_resent + (thread:get("resent") or 0)
+    all_made = all_made + (thread:get("made") or 0)
     for key, count in pairs(thread:get("answers") or {}) do
       all_answers[key] = (all_answers[key] or 0) + count
     end
@@ -156,6 +161,7 @@ function done(summary, latency, requests)
     ',"status":', errors.status, ',"timeout":', errors.timeout, "},",
     '"answers":{', table.concat(parts, ","), "},",
     '"resent":', all_resent, ",",
+    '"made":', all_made, ",",
     '"granted":[', table.concat(all_granted, ","), "],",
     '"percentiles_us":{', table.concat(percentiles, ","), "},",
     '"max_us":', count > 0 and latency.max or 0, ",",

@@ -2,7 +2,6 @@
 packets are claimed all or none, and the values written inline are exactly the grabs'."""
 
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from django.db import close_old_connections, connection, connections, transaction
@@ -135,22 +134,22 @@ def test_a_batch_claims_its_packets_before_it_takes_the_activity_row(
     assert seen == [(True, {p.pk for p in packets})]
 
 
-def on_a_connection_of_its_own(sql: str) -> tuple[Any, ...] | None:
+def on_a_connection_of_its_own(sql: str) -> None:
     spare = connections.create_connection("default")
     try:
         with spare.cursor() as cursor:
             cursor.execute(sql)
-            return cursor.fetchone()
     finally:
         spare.close()
 
 
-def pings_so_far() -> int:
-    """The server's count of COM_PING and its kind (Com_admin_commands), read on a connection
-    of its own, which sends none."""
-    row = on_a_connection_of_its_own("SHOW GLOBAL STATUS LIKE 'Com_admin_commands'")
-    assert row is not None
-    return int(row[1])
+def pings_on_this_connection() -> int:
+    """This connection's count of COM_PING and its kind (its session's Com_admin_commands), read
+    by a statement, which is not one of them. Read it outside a request's first statement: that
+    one may ping first."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW SESSION STATUS LIKE 'Com_admin_commands'")
+        return int(cursor.fetchone()[1])
 
 
 def connection_id() -> int:
@@ -174,12 +173,13 @@ def test_a_grab_transaction_pings_no_server_and_reopens_a_connection_that_died(
     first, second = make_users(2)
     selectors.activity_strategy(activity.pk)  # read once per process and activity
     old = connection_id()
+    before = pings_on_this_connection()
     close_old_connections()  # what request_started does: the next statement would ping first
-    before = pings_so_far()
     assert services.activity_grab(activity_id=activity.pk, user_id=first.pk).outcome.value == (
         "grabbed"
     )
-    assert pings_so_far() == before
+    assert connection_id() == old
+    assert pings_on_this_connection() == before
 
     on_a_connection_of_its_own(f"KILL CONNECTION {old}")
     close_old_connections()
