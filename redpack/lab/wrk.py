@@ -182,7 +182,7 @@ def summarize(
             outcomes[outcome] += count
     answered = sum(causes.values())
     # A request wrk gave up on (--timeout) or whose connection broke has no answer; the burst
-    # sent one per user, a timed run as many as wrk counted.
+    # sent one per user, a timed run the requests the script made, less those cut off.
     causes["client_timeout"] += result["errors"]["timeout"]
     if timed:
         without_answer = max(0, result["made"] - answered)
