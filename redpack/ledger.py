@@ -20,7 +20,7 @@ escrow account per activity (docs/design.md, "Money").
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 
 from django.conf import settings
@@ -333,22 +333,27 @@ def uncredited(
     return found, scanned[-1][0] if len(scanned) == limit else None
 
 
-def grabs_credit(*, batch: int, run_seconds: float) -> int:
-    """Credit uncredited grab rows, at most `batch` per transaction, until none is left or
-    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many.
-    While sharded, it first posts a refund whose entry a crash left unposted (refunds_post)."""
+def grabs_credit(*, batch: int, run_seconds: float, stop: Callable[[], bool] | None = None) -> int:
+    """Credit uncredited grab rows, at most `batch` per transaction, until none is left,
+    `run_seconds` passed or `stop()`, asked before each transaction after the first, says so.
+    Safe to run twice, or in two workers at once. Returns how many. While sharded, it first
+    posts a refund whose entry a crash left unposted (refunds_post)."""
     until = time.monotonic() + run_seconds
     credited = 0
+    transactions = 0
     for activity_id in activities_to_credit():
         with shards.for_activity(activity_id):
             if shards.ledger_is_apart():
                 refunds_post(activity_id)
             after: int | None = 0
-            while after is not None and time.monotonic() < until:
+            while after is not None:
+                if time.monotonic() >= until or (transactions and stop and stop()):
+                    return credited
                 rows, after = uncredited(activity_id, after=after, limit=batch)
                 if rows:
                     done, short = _credit(activity_id, rows)
                     credited += done
+                    transactions += 1
                     if short:
                         break
     return credited

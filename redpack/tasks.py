@@ -8,7 +8,7 @@ from django.db import DatabaseError
 
 from strategies import registry
 
-from . import bans, expiry, health, ledger, services
+from . import bans, credit_pace, expiry, health, ledger, services
 from .models import Activity
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,19 @@ def sync_disabled_users() -> int:
 )
 def credit_grabs() -> int:
     """Every REDPACK_CREDIT_INTERVAL: move each new grab's amount from its activity's escrow to
-    the grabber's wallet, once (a lock wait or deadlock retries; nothing half-done survives)."""
-    return ledger.grabs_credit(
-        batch=settings.REDPACK_CREDIT_BATCH, run_seconds=settings.REDPACK_CREDIT_RUN_SECONDS
+    the grabber's wallet, once (a lock wait or deadlock retries; nothing half-done survives);
+    not while a burst of grabs goes on, for up to REDPACK_CREDIT_MAX_WAIT (credit_pace.py)."""
+    pace = credit_pace.verdict()
+    if pace == credit_pace.WAIT:
+        return 0
+    credited = ledger.grabs_credit(
+        batch=settings.REDPACK_CREDIT_BATCH,
+        run_seconds=settings.REDPACK_CREDIT_RUN_SECONDS,
+        stop=credit_pace.burst_began if pace == credit_pace.QUIET else None,
     )
+    if pace == credit_pace.OVERDUE:
+        credit_pace.waited_enough()
+    return credited
 
 
 def run_background(task: str) -> int:
