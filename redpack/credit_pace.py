@@ -4,24 +4,32 @@ Crediting a grab (redpack/ledger.py) writes more rows than the grab did (its ent
 two balances, often a new wallet) on the same MySQL, and, under `make run`, on the same cores
 as the web processes. Run beside a many-packets burst it took a fifth of the burst's grabs per
 second (docs/benchmarks.md, "Crediting beside a burst"). So while grab rows are being written
-faster than REDPACK_CREDIT_YIELD_RATE per second, the crediting task leaves them for later,
-until REDPACK_CREDIT_MAX_WAIT seconds have passed since it began to wait; then it credits
-whatever the rate, and once it has caught up it may wait again. A grab's amount reaches the
-wallet within about one interval at a lower rate, within about REDPACK_CREDIT_MAX_WAIT
-seconds (and the time to catch up) under a longer burst.
+faster than REDPACK_CREDIT_YIELD_RATE per second, the crediting task credits nothing, until
+REDPACK_CREDIT_MAX_WAIT seconds have passed since it began to wait; from then on it credits
+whatever the rate, until a run has caught up with every grab; then it may wait again. A grab's
+amount reaches its wallet within about one interval at a lower rate, and within about
+REDPACK_CREDIT_MAX_WAIT seconds and the time to catch up under a longer burst.
 
-The rate is read off the grab rows themselves, not off the web processes (which may be many,
-on other machines): the highest grab row id of each database (the primary key's end, one index
-dive) against the one of the previous look, at least WINDOW seconds earlier. The look and the
-time waiting began are in Redis, shared by every worker process.
+The rate is read off the grab rows, where every web process and persister writes them (they
+may be many, on other machines): the highest grab row id of each database (the primary key's
+end, one index dive), against the highest seen by the previous look at least WINDOW seconds
+earlier. It counts ids taken, so the few a failed INSERT takes count too; a shard's ids step
+by the number of shards (settings.configure_shard). The previous look and the time waiting
+began are in Redis, timed by Redis's clock, shared by every worker process. Unlike the
+persister's surge (strategies/redis_queue_async/persister.py), which reads its own stream,
+crediting has no queue of its own in which grabs arrive: the grab rows are its queue.
+
+Without Redis, or with a database that does not answer the look, crediting does not wait.
 """
 
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Max
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
@@ -29,9 +37,17 @@ from redis.exceptions import RedisError
 from . import shards
 from .models import GrabDetail
 
-LOOK_KEY = "rp:credit:look"  # hash: at (epoch seconds), ids (JSON: alias -> highest grab id)
-WAITING_KEY = "rp:credit:waiting_since"  # epoch seconds the task began to wait
+LOOK_KEY = "rp:credit:look"  # hash: at (Redis time, s), ids (JSON: alias -> highest id), rate
+WAITING_KEY = "rp:credit:waiting_since"  # Redis time (s) the task began to wait
 WINDOW = 0.5  # seconds: a look closer than this to the previous one reuses its rate
+
+QUIET, WAIT, OVERDUE = "quiet", "wait", "overdue"
+
+# Stop waiting only if the wait is still the one this run saw (another worker's may be newer).
+_END_WAIT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def _highest_ids() -> dict[str, int]:
@@ -41,64 +57,80 @@ def _highest_ids() -> dict[str, int]:
     return ids
 
 
+def _redis_now(client: Any) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1e6
+
+
 def grab_rate(client: Any) -> float | None:
     """Grab rows written per second between the previous look and this one (None: no previous
-    look). Looks less than WINDOW apart share the earlier one's rate."""
-    now = time.time()
+    look, or one from Redis's future). A look less than WINDOW after the previous one reuses
+    its rate. Each database's highest id is kept as a high-water mark: rows deleted at the top
+    do not make the next look count them again."""
+    now = _redis_now(client)
     last = client.hgetall(LOOK_KEY)
-    if last and now - float(last[b"at"]) < WINDOW:
+    age = now - float(last[b"at"]) if last else None
+    if age is not None and 0 <= age < WINDOW:
         rate = last.get(b"rate")
         return None if rate is None else float(rate)
-    ids = _highest_ids()
+    before: dict[str, int] = json.loads(last[b"ids"]) if last else {}
+    ids = {alias: max(top, before.get(alias, top)) for alias, top in _highest_ids().items()}
     sample: dict[str, str | float] = {"at": now, "ids": json.dumps(ids)}
-    rate_now = None
-    if last:
-        before = json.loads(last[b"ids"])
-        written = sum(max(0, top - before.get(alias, top)) for alias, top in ids.items())
-        rate_now = written / (now - float(last[b"at"]))
-        sample["rate"] = rate_now
+    rate = None
+    if age is not None and age > 0:
+        step = len(settings.REDPACK_SHARDS) or 1
+        written = sum(top - before.get(alias, top) for alias, top in ids.items()) / step
+        sample["rate"] = rate = written / age
     pipe = client.pipeline(transaction=True)
     pipe.delete(LOOK_KEY)
     pipe.hset(LOOK_KEY, mapping=sample)
     pipe.execute()
-    return rate_now
+    return rate
 
 
-QUIET, WAIT, OVERDUE = "quiet", "wait", "overdue"
+class Pace:
+    """One crediting run's view of the pace: its verdict, and a `burst_began` to ask between
+    its transactions, which asks Redis at most once per WINDOW of `clock`."""
 
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.since: bytes | None = None  # the wait this run saw, if any
+        self.verdict = self._look()
+        self._asked = clock()
 
-def verdict() -> str:
-    """QUIET: grabs are written slower than REDPACK_CREDIT_YIELD_RATE per second (or the rate
-    is 0: crediting never waits); WAIT: faster, and the task has waited less than
-    REDPACK_CREDIT_MAX_WAIT seconds; OVERDUE: faster, and it has waited that long."""
-    if settings.REDPACK_CREDIT_YIELD_RATE <= 0:
-        return QUIET
-    try:
-        return _verdict(get_redis_connection("default"))
-    except RedisError:  # no look without Redis: the money is not held back for it
-        return QUIET
+    def _look(self) -> str:
+        """QUIET: grabs are written slower than REDPACK_CREDIT_YIELD_RATE per second (or that
+        rate is 0: crediting never waits); WAIT: faster, and the task has waited less than
+        REDPACK_CREDIT_MAX_WAIT seconds; OVERDUE: faster, and it has waited that long."""
+        if settings.REDPACK_CREDIT_YIELD_RATE <= 0:
+            return QUIET
+        try:
+            client = get_redis_connection("default")
+            rate = grab_rate(client)
+            if rate is None or rate < settings.REDPACK_CREDIT_YIELD_RATE:
+                client.delete(WAITING_KEY)
+                return QUIET
+            now = _redis_now(client)
+            client.set(WAITING_KEY, repr(now), nx=True)
+            self.since = client.get(WAITING_KEY)
+        except (RedisError, DatabaseError):  # no look: the money is not held back for it
+            return QUIET
+        waited = 0.0 if self.since is None else now - float(self.since)
+        # A wait from Redis's future (its clock stepped back) has waited long enough.
+        return WAIT if 0 <= waited < settings.REDPACK_CREDIT_MAX_WAIT else OVERDUE
 
+    def burst_began(self) -> bool:
+        """For a run that began in a quiet moment: stop, grabs come fast again."""
+        if self.clock() - self._asked < WINDOW:
+            return False
+        self._asked = self.clock()
+        return self._look() == WAIT
 
-def _verdict(client: Any) -> str:
-    rate = grab_rate(client)
-    if rate is None or rate < settings.REDPACK_CREDIT_YIELD_RATE:
-        client.delete(WAITING_KEY)
-        return QUIET
-    now = time.time()
-    client.set(WAITING_KEY, now, nx=True)
-    since = client.get(WAITING_KEY)
-    waited = 0.0 if since is None else now - float(since)
-    return WAIT if waited < settings.REDPACK_CREDIT_MAX_WAIT else OVERDUE
-
-
-def burst_began() -> bool:
-    """For a run that began in a quiet moment, between its transactions: stop, grabs are
-    coming fast again."""
-    return verdict() == WAIT
-
-
-def waited_enough() -> None:
-    """After a run that credited although grabs came fast: the next fast look waits anew."""
-    # Without Redis, the next fast look finds it has waited long enough, and credits.
-    with contextlib.suppress(RedisError):
-        get_redis_connection("default").delete(WAITING_KEY)
+    def caught_up(self) -> None:
+        """An overdue run credited every grab: the next fast look waits anew (unless another
+        worker began a newer wait meanwhile)."""
+        if self.since is None:
+            return
+        # Without Redis, the next fast look finds the old wait overdue, and credits.
+        with contextlib.suppress(RedisError):
+            get_redis_connection("default").eval(_END_WAIT, 1, WAITING_KEY, self.since)

@@ -333,30 +333,40 @@ def uncredited(
     return found, scanned[-1][0] if len(scanned) == limit else None
 
 
-def grabs_credit(*, batch: int, run_seconds: float, stop: Callable[[], bool] | None = None) -> int:
-    """Credit uncredited grab rows, at most `batch` per transaction, until none is left,
-    `run_seconds` passed or `stop()`, asked before each transaction after the first, says so.
-    Safe to run twice, or in two workers at once. Returns how many. While sharded, it first
-    posts a refund whose entry a crash left unposted (refunds_post)."""
+def grabs_credit(*, batch: int, run_seconds: float) -> int:
+    """Credit uncredited grab rows, at most `batch` per transaction, until none is left or
+    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many."""
+    return credit_run(batch=batch, run_seconds=run_seconds)[0]
+
+
+def credit_run(
+    *, batch: int, run_seconds: float, stop: Callable[[], bool] | None = None
+) -> tuple[int, bool]:
+    """grabs_credit, which also stops when `stop()`, asked before each batch of rows is read,
+    says so. Returns how many it credited, and whether it went through every grab to credit
+    (not stopped). While sharded, it posts a refund entry a crash left unposted
+    (refunds_post), for every activity of every run, stopped or not."""
     until = time.monotonic() + run_seconds
     credited = 0
-    transactions = 0
+    finished = True
     for activity_id in activities_to_credit():
         with shards.for_activity(activity_id):
             if shards.ledger_is_apart():
                 refunds_post(activity_id)
             after: int | None = 0
-            while after is not None:
-                if time.monotonic() >= until or (transactions and stop and stop()):
-                    return credited
+            while finished and after is not None:
+                if time.monotonic() >= until or (stop is not None and stop()):
+                    finished = False
+                    break
                 rows, after = uncredited(activity_id, after=after, limit=batch)
                 if rows:
                     done, short = _credit(activity_id, rows)
                     credited += done
-                    transactions += 1
                     if short:
                         break
-    return credited
+        if not finished and not shards.enabled():  # else on, for refunds_post
+            break
+    return credited, finished
 
 
 def refunds_post(activity_id: int) -> None:

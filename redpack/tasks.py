@@ -8,7 +8,7 @@ from django.db import DatabaseError
 
 from strategies import registry
 
-from . import bans, credit_pace, expiry, health, ledger, services
+from . import bans, credit_pace, expiry, health, ledger, services, shards
 from .models import Activity
 
 logger = logging.getLogger(__name__)
@@ -77,16 +77,20 @@ def credit_grabs() -> int:
     """Every REDPACK_CREDIT_INTERVAL: move each new grab's amount from its activity's escrow to
     the grabber's wallet, once (a lock wait or deadlock retries; nothing half-done survives);
     not while a burst of grabs goes on, for up to REDPACK_CREDIT_MAX_WAIT (credit_pace.py)."""
-    pace = credit_pace.verdict()
-    if pace == credit_pace.WAIT:
+    pace = credit_pace.Pace()
+    if pace.verdict == credit_pace.WAIT and not shards.enabled():
         return 0
-    credited = ledger.grabs_credit(
+    credited, finished = ledger.credit_run(
         batch=settings.REDPACK_CREDIT_BATCH,
         run_seconds=settings.REDPACK_CREDIT_RUN_SECONDS,
-        stop=credit_pace.burst_began if pace == credit_pace.QUIET else None,
+        stop={
+            credit_pace.QUIET: pace.burst_began,
+            credit_pace.WAIT: lambda: True,  # sharded: only the refunds a crash left unposted
+            credit_pace.OVERDUE: None,
+        }[pace.verdict],
     )
-    if pace == credit_pace.OVERDUE:
-        credit_pace.waited_enough()
+    if pace.verdict == credit_pace.OVERDUE and finished:
+        pace.caught_up()
     return credited
 
 

@@ -4,7 +4,6 @@ Redis as if taken a second ago, with as many rows fewer as the case needs: the r
 then reads is those rows over that second (and the few milliseconds of the test)."""
 
 import json
-import time
 
 import pytest
 from django_redis import get_redis_connection
@@ -20,12 +19,23 @@ pytestmark = pytest.mark.django_db
 FAST = 10_000  # grab rows "written" in the second before the look: far above the yield rate
 
 
+def redis_now() -> float:
+    return credit_pace._redis_now(get_redis_connection("default"))
+
+
 def looked_a_second_ago(written: int) -> None:
-    """The previous look, as if taken one second ago with `written` grab rows fewer than now."""
+    """The previous look, as if taken one second ago (by Redis's clock) with `written` grab
+    rows fewer than now."""
     before = {alias: top - written for alias, top in credit_pace._highest_ids().items()}
     client = get_redis_connection("default")
     client.delete(LOOK_KEY)
-    client.hset(LOOK_KEY, mapping={"at": time.time() - 1, "ids": json.dumps(before)})
+    client.hset(LOOK_KEY, mapping={"at": redis_now() - 1, "ids": json.dumps(before)})
+
+
+def waiting_since(seconds_ago: float) -> bytes:
+    value = repr(redis_now() - seconds_ago).encode()
+    get_redis_connection("default").set(WAITING_KEY, value)
+    return value
 
 
 def pending() -> int:
@@ -33,10 +43,20 @@ def pending() -> int:
 
 
 def test_the_rate_is_the_grab_rows_written_since_the_last_look(sender, make_users):
+    activity = send(sender, "10.00", 5)
+    grab_each(activity, make_users(1, prefix="first", balance="0"))  # the ids' end, here
     looked_a_second_ago(0)
-    grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
+    grab_each(activity, make_users(3, prefix="then", balance="0"))
     rate = credit_pace.grab_rate(get_redis_connection("default"))
     assert rate is not None and 0 < rate <= 3  # three rows in a second and a little
+
+
+def test_rows_gone_from_the_top_are_not_counted_again(sender, make_users):
+    grab_each(send(sender, "10.00", 5), make_users(1, balance="0"))
+    looked_a_second_ago(-100)  # the last look saw 100 ids more than there are now
+    assert credit_pace.grab_rate(get_redis_connection("default")) == 0
+    stored = json.loads(get_redis_connection("default").hget(LOOK_KEY, "ids"))
+    assert stored == {a: top + 100 for a, top in credit_pace._highest_ids().items()}
 
 
 def test_crediting_waits_while_grabs_come_fast_then_credits_once_they_slow(sender, make_users):
@@ -56,11 +76,10 @@ def test_crediting_waits_no_longer_than_max_wait_then_may_wait_again(sender, mak
     settings.REDPACK_CREDIT_MAX_WAIT = 60
     activity = send(sender, "10.00", 5)
     grab_each(activity, make_users(3, prefix="first", balance="0"))
-    client = get_redis_connection("default")
-    client.set(WAITING_KEY, time.time() - 61)  # it began to wait 61 s ago
+    waiting_since(61)
     looked_a_second_ago(FAST)
     assert tasks.credit_grabs() == 3  # overdue: credited although grabs still come fast
-    assert not client.exists(WAITING_KEY)
+    assert not get_redis_connection("default").exists(WAITING_KEY)  # caught up
 
     grab_each(activity, make_users(2, prefix="second", balance="0"))
     looked_a_second_ago(FAST)
@@ -68,17 +87,47 @@ def test_crediting_waits_no_longer_than_max_wait_then_may_wait_again(sender, mak
     assert pending() == 2
 
 
+def test_an_overdue_run_cut_short_stays_overdue_until_one_catches_up(sender, make_users, settings):
+    grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
+    since = waiting_since(61)
+    looked_a_second_ago(FAST)
+    settings.REDPACK_CREDIT_RUN_SECONDS = 0  # the run's time is up before its first batch
+    assert tasks.credit_grabs() == 0
+    assert get_redis_connection("default").get(WAITING_KEY) == since
+
+    settings.REDPACK_CREDIT_RUN_SECONDS = 600
+    looked_a_second_ago(FAST)
+    assert tasks.credit_grabs() == 3
+    assert not get_redis_connection("default").exists(WAITING_KEY)
+
+
+def test_catching_up_keeps_a_newer_wait_another_worker_began(sender, make_users):
+    waiting_since(61)
+    looked_a_second_ago(FAST)
+    pace = credit_pace.Pace()
+    assert pace.verdict == credit_pace.OVERDUE
+    newer = waiting_since(0)  # meanwhile another worker caught up, and a new burst began
+    pace.caught_up()
+    assert get_redis_connection("default").get(WAITING_KEY) == newer
+
+
 def test_a_run_begun_in_a_quiet_moment_stops_when_a_burst_begins(sender, make_users):
     grab_each(send(sender, "10.00", 5), make_users(5, balance="0"))
+    looked_a_second_ago(0)
+    clock = [0.0]
+    pace = credit_pace.Pace(clock=lambda: clock[0])
+    assert pace.verdict == credit_pace.QUIET
     asked = []
 
     def burst_begins() -> bool:
-        asked.append(True)
-        looked_a_second_ago(FAST)
-        return credit_pace.burst_began()
+        asked.append(clock[0])
+        if len(asked) == 2:  # after the first batch: a burst, and half a second on
+            looked_a_second_ago(FAST)
+            clock[0] += credit_pace.WINDOW
+        return pace.burst_began()
 
-    assert ledger.grabs_credit(batch=2, run_seconds=600, stop=burst_begins) == 2
-    assert asked == [True]  # asked after the first transaction, not before it
+    assert ledger.credit_run(batch=2, run_seconds=600, stop=burst_begins) == (2, False)
+    assert asked == [0.0, 0.0]  # before the first batch (the look just taken), then again
     assert pending() == 3
     assert JournalEntry.objects.filter(kind="credit").count() == 2
 
@@ -94,5 +143,5 @@ def test_without_redis_crediting_does_not_wait(sender, make_users, redis_proxy):
     grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
     looked_a_second_ago(FAST)
     redis_proxy.cut()
-    assert credit_pace.verdict() == credit_pace.QUIET
+    assert credit_pace.Pace().verdict == credit_pace.QUIET
     assert tasks.credit_grabs() == 3

@@ -14,8 +14,9 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import DatabaseError, connections
 from django.utils import timezone
+from django_redis import get_redis_connection
 
-from redpack import expiry, health, ledger, selectors, services, shards, tasks
+from redpack import credit_pace, expiry, health, ledger, selectors, services, shards, tasks
 from redpack.audit import audit_books
 from redpack.models import Activity, GrabDetail, JournalEntry
 from redpack.money import to_cents
@@ -25,6 +26,7 @@ from strategies.redis_queue_async import stream
 from tests.api.test_views import client_for
 from tests.contract.harness import Answer, grab_concurrently
 from tests.settings import TEST_SHARDS as SHARDS
+from tests.test_credit_pace import FAST, looked_a_second_ago
 
 STRATEGIES = ["pessimistic", "group_commit", "redis_counter", "redis_queue_async"]
 PACKETS = 10
@@ -209,6 +211,34 @@ def test_a_refund_entry_cut_short_is_posted_by_the_crediting_sweep(sender):
     call_command("audit", stdout=StringIO())  # clean: no SystemExit
     start = to_cents(django_settings.REDPACK_STARTING_BALANCE)
     assert to_cents(selectors.wallet_balance(user_id=sender.pk)) == start
+
+
+def test_while_crediting_waits_for_a_burst_it_still_posts_a_refund_cut_short(sender, make_users):
+    activity = send(sender, "group_commit")
+    (grabber,) = make_users(1, balance="0")
+    services.activity_grab(activity_id=activity.pk, user_id=grabber.pk)
+    failing = mock.patch.object(ledger, "refund_post", side_effect=DatabaseError("cut short"))
+    with failing:
+        services.activity_expire(activity_id=activity.pk, force=True)
+    assert not JournalEntry.objects.filter(kind="refund").exists()
+
+    looked_a_second_ago(FAST)  # grabs come fast: crediting waits (redpack/credit_pace.py)
+    assert tasks.credit_grabs() == 0
+    assert JournalEntry.objects.filter(kind="refund").count() == 1  # posted all the same
+    assert ledger.crediting_lag()["pending"] == 1
+
+
+def test_a_shards_ids_step_by_the_shard_count_and_the_rate_counts_rows(sender, make_users):
+    activity = send(sender, "group_commit")
+    first, then = make_users(2, balance="0")
+    services.activity_grab(activity_id=activity.pk, user_id=first.pk)  # the ids' end, here
+    looked_a_second_ago(0)
+    services.activity_grab(activity_id=activity.pk, user_id=then.pk)
+    with shards.for_activity(activity.pk):
+        ids = list(GrabDetail.objects.filter(activity_id=activity.pk).values_list("pk", flat=True))
+    assert max(ids) - min(ids) == len(SHARDS)
+    rate = credit_pace.grab_rate(get_redis_connection("default"))
+    assert rate is not None and 0 < rate <= 1  # one row in a second and a little
 
 
 def test_a_funded_escrow_whose_activity_never_appeared_is_reported(sender):
