@@ -2,8 +2,8 @@
 
 Crediting a grab (redpack/ledger.py) writes more rows than the grab did (its entry, two lines,
 two balances, often a new wallet) on the same MySQL, and, under `make run`, on the same cores
-as the web processes. Run beside a many-packets burst it took a fifth of the burst's grabs per
-second (docs/benchmarks.md, "Crediting beside a burst"). So while grab rows are being written
+as the web processes. Run beside a many-packets burst it took 8-22 % of the burst's grabs
+per second (docs/benchmarks.md, "Crediting beside a burst"). So while grab rows are being written
 faster than REDPACK_CREDIT_YIELD_RATE per second, the crediting task credits nothing, until
 REDPACK_CREDIT_MAX_WAIT seconds have passed since it began to wait; from then on it credits
 whatever the rate, until a run has caught up with every grab; then it may wait again. A grab's
