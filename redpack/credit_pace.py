@@ -2,13 +2,14 @@
 
 Crediting a grab (redpack/ledger.py) writes more rows than the grab did (its entry, two lines,
 two balances, often a new wallet) on the same MySQL, and, under `make run`, on the same cores
-as the web processes. Run beside a many-packets burst it took 8-22 % of the burst's grabs
-per second (docs/benchmarks.md, "Crediting beside a burst"). So while grab rows are being written
-faster than REDPACK_CREDIT_YIELD_RATE per second, the crediting task credits nothing, until
+as the web processes. Run beside a many-packets burst it took 8-22 % of the burst's grabs per
+second (docs/benchmarks.md, "Crediting beside a burst"). So while grab rows are being written
+at REDPACK_CREDIT_YIELD_RATE per second or faster, the crediting task credits nothing, until
 REDPACK_CREDIT_MAX_WAIT seconds have passed since it began to wait; from then on it credits
-whatever the rate, until a run has caught up with every grab; then it may wait again. A grab's
-amount reaches its wallet within about one interval at a lower rate, and within about
-REDPACK_CREDIT_MAX_WAIT seconds and the time to catch up under a longer burst.
+whatever the rate. The wait ends only when a run has caught up with every grab (a lull between
+bursts does not end it); then the task may wait again. A grab's amount reaches its wallet
+within about one interval at a lower rate, and within about REDPACK_CREDIT_MAX_WAIT seconds
+and the time to catch up under a longer burst.
 
 The rate is read off the grab rows, where every web process and persister writes them (they
 may be many, on other machines): the highest grab row id of each database (the primary key's
@@ -108,7 +109,8 @@ class Pace:
             client = get_redis_connection("default")
             rate = grab_rate(client)
             if rate is None or rate < settings.REDPACK_CREDIT_YIELD_RATE:
-                client.delete(WAITING_KEY)
+                # A lull does not end the wait: a run that catches up does (caught_up).
+                self.since = client.get(WAITING_KEY)
                 return QUIET
             now = _redis_now(client)
             client.set(WAITING_KEY, repr(now), nx=True)
@@ -127,8 +129,8 @@ class Pace:
         return self._look() == WAIT
 
     def caught_up(self) -> None:
-        """An overdue run credited every grab: the next fast look waits anew (unless another
-        worker began a newer wait meanwhile)."""
+        """A run credited every grab: the wait it saw, if any, is over, and the next fast look
+        waits anew (a newer wait, begun by another worker meanwhile, goes on)."""
         if self.since is None:
             return
         # Without Redis, the next fast look finds the old wait overdue, and credits.

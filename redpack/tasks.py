@@ -89,7 +89,7 @@ def credit_grabs() -> int:
             credit_pace.OVERDUE: None,
         }[pace.verdict],
     )
-    if pace.verdict == credit_pace.OVERDUE and finished:
+    if finished:
         pace.caught_up()
     return credited
 

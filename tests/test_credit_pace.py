@@ -4,8 +4,10 @@ Redis as if taken a second ago, with as many rows fewer as the case needs: the r
 then reads is those rows over that second (and the few milliseconds of the test)."""
 
 import json
+from unittest import mock
 
 import pytest
+from django.db import DatabaseError
 from django_redis import get_redis_connection
 
 from redpack import credit_pace, ledger, tasks
@@ -130,6 +132,46 @@ def test_a_run_begun_in_a_quiet_moment_stops_when_a_burst_begins(sender, make_us
     assert asked == [0.0, 0.0]  # before the first batch (the look just taken), then again
     assert pending() == 3
     assert JournalEntry.objects.filter(kind="credit").count() == 2
+
+
+def test_a_lull_does_not_end_the_wait_a_run_that_caught_up_does(sender, make_users):
+    grab_each(send(sender, "10.00", 5), make_users(5, balance="0"))
+    since = waiting_since(30)  # a burst began 30 s ago; now a lull
+    looked_a_second_ago(0)
+    clock = [0.0]
+    pace = credit_pace.Pace(clock=lambda: clock[0])
+    assert pace.verdict == credit_pace.QUIET
+
+    def burst_again() -> bool:  # half a second on, the burst goes on
+        looked_a_second_ago(FAST)
+        clock[0] += credit_pace.WINDOW
+        return pace.burst_began()
+
+    assert ledger.credit_run(batch=2, run_seconds=600, stop=burst_again) == (0, False)
+    assert get_redis_connection("default").get(WAITING_KEY) == since  # the lull ended nothing
+
+    looked_a_second_ago(0)
+    assert tasks.credit_grabs() == 5  # a quiet run that catches up ends the wait
+    assert not get_redis_connection("default").exists(WAITING_KEY)
+
+
+def test_a_look_the_database_does_not_answer_holds_nothing_back(sender, make_users):
+    grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
+    looked_a_second_ago(FAST)
+    with mock.patch.object(credit_pace, "_highest_ids", side_effect=DatabaseError("gone")):
+        assert credit_pace.Pace().verdict == credit_pace.QUIET
+        assert tasks.credit_grabs() == 3
+
+
+def test_times_from_redis_future_hold_nothing_back(sender, make_users):
+    """Redis's clock stepped back: a look from its future gives no rate, a wait from its
+    future has waited long enough."""
+    client = get_redis_connection("default")
+    client.hset(LOOK_KEY, mapping={"at": redis_now() + 100, "ids": json.dumps({})})
+    assert credit_pace.grab_rate(client) is None
+    waiting_since(-100)
+    looked_a_second_ago(FAST)
+    assert credit_pace.Pace().verdict == credit_pace.OVERDUE
 
 
 def test_a_yield_rate_of_zero_never_waits(sender, make_users, settings):
