@@ -176,3 +176,48 @@ def test_every_request_gets_a_cause():
         "client_timeout",
         "connection_error",
     ]
+
+
+MERGE = """
+import locust  # first: it patches the standard library
+import json, sys, types
+sys.path.insert(0, "locustfiles")
+import _common
+from locust.env import Environment
+
+environment = Environment()
+environment.create_local_runner()
+environment.parsed_options = types.SimpleNamespace(strategy="redis_counter")
+for ms in (10, 20, 30, 40, 50, 60):
+    environment.runner.stats.log_request("POST", "grab", ms, 10)
+part = {
+    "outcomes": {"grabbed": 4, "sold_out": 1}, "causes": {"grabbed": 4, "sold_out": 1,
+    "connection_error": 1}, "answers": {}, "created": [], "failures": 1,
+    "interrupted": 3, "first_start": 0.0, "last_end": 10.0, "generator_cpu_seconds": 1.0,
+}
+out = {}
+for burst in (False, True):
+    scenario = _common.Scenario("throughput" if not burst else "hot", burst=burst)
+    merged = _common._merge(environment, scenario, [dict(part)])
+    out[scenario.name] = {k: merged[k] for k in ("requests", "causes", "unanswered", "unexplained")}
+print(json.dumps(out))
+"""
+
+
+def test_requests_in_flight_at_the_stop_are_cut_off_in_a_timed_run_unanswered_in_a_burst():
+    """Locust's summary of a run (`_merge`): three requests were still in flight when the run
+    stopped. A timed run's clock stopped them (`cut_off`, on top of its requests); a burst
+    waits for every answer, so there they are unanswered. Neither leaves any unexplained."""
+    done = subprocess.run(
+        [sys.executable, "-c", MERGE], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["throughput"] == {
+        "requests": 6,
+        "causes": {"grabbed": 4, "sold_out": 1, "connection_error": 1, "cut_off": 3},
+        "unanswered": 1,
+        "unexplained": 0,
+    }
+    assert found["hot"]["causes"] == {"grabbed": 4, "sold_out": 1, "connection_error": 1}
+    assert found["hot"]["unanswered"] == 1 + 3
