@@ -231,7 +231,7 @@ REDPACK_CREDIT_RUN_SECONDS = env.float("REDPACK_CREDIT_RUN_SECONDS", default=20.
 # Crediting yields to a burst (redpack/credit_pace.py): while grab rows are written faster than
 # this many per second (0: never yields), it waits, for at most REDPACK_CREDIT_MAX_WAIT seconds.
 REDPACK_CREDIT_YIELD_RATE = env.float("REDPACK_CREDIT_YIELD_RATE", default=500.0)
-REDPACK_CREDIT_MAX_WAIT = env.float("REDPACK_CREDIT_MAX_WAIT", default=60.0)
+REDPACK_CREDIT_MAX_WAIT = env.float("REDPACK_CREDIT_MAX_WAIT", default=30.0)
 # Deactivated and deleted users (redpack/bans.py): seconds a web process trusts its last answer
 # for a user, and between two full re-reads of the set from MySQL.
 REDPACK_BANS_LOCAL_SECONDS = env.float("REDPACK_BANS_LOCAL_SECONDS", default=2.0)

@@ -90,6 +90,7 @@ def test_crediting_waits_no_longer_than_max_wait_then_may_wait_again(sender, mak
 
 
 def test_an_overdue_run_cut_short_stays_overdue_until_one_catches_up(sender, make_users, settings):
+    settings.REDPACK_CREDIT_MAX_WAIT = 60
     grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
     since = waiting_since(61)
     looked_a_second_ago(FAST)
@@ -103,7 +104,8 @@ def test_an_overdue_run_cut_short_stays_overdue_until_one_catches_up(sender, mak
     assert not get_redis_connection("default").exists(WAITING_KEY)
 
 
-def test_catching_up_keeps_a_newer_wait_another_worker_began(sender, make_users):
+def test_catching_up_keeps_a_newer_wait_another_worker_began(sender, make_users, settings):
+    settings.REDPACK_CREDIT_MAX_WAIT = 60
     waiting_since(61)
     looked_a_second_ago(FAST)
     pace = credit_pace.Pace()
@@ -134,7 +136,8 @@ def test_a_run_begun_in_a_quiet_moment_stops_when_a_burst_begins(sender, make_us
     assert JournalEntry.objects.filter(kind="credit").count() == 2
 
 
-def test_a_lull_does_not_end_the_wait_a_run_that_caught_up_does(sender, make_users):
+def test_a_lull_does_not_end_the_wait_a_run_that_caught_up_does(sender, make_users, settings):
+    settings.REDPACK_CREDIT_MAX_WAIT = 60
     grab_each(send(sender, "10.00", 5), make_users(5, balance="0"))
     since = waiting_since(30)  # a burst began 30 s ago; now a lull
     looked_a_second_ago(0)

@@ -227,7 +227,8 @@ class MyRefundsView(generics.ListAPIView):
 
 class MyWalletView(generics.ListAPIView):
     """Your balance and your wallet's movements, newest first. A grab reaches the balance
-    shortly after its answer (the crediting task, redpack/ledger.py)."""
+    shortly after its answer (the crediting task, redpack/ledger.py); during a burst of grabs,
+    within about REDPACK_CREDIT_MAX_WAIT seconds (30 by default, redpack/credit_pace.py)."""
 
     serializer_class = WalletLineSerializer
     pagination_class = WalletPagination
