@@ -335,7 +335,8 @@ def uncredited(
 
 def grabs_credit(*, batch: int, run_seconds: float) -> int:
     """Credit uncredited grab rows, at most `batch` per transaction, until none is left or
-    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many."""
+    `run_seconds` passed. Safe to run twice, or in two workers at once. Returns how many.
+    While sharded, it also posts a refund entry a crash left unposted (credit_run)."""
     return credit_run(batch=batch, run_seconds=run_seconds)[0]
 
 
