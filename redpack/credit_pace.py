@@ -63,12 +63,13 @@ def _redis_now(client: Any) -> float:
     return float(seconds) + micros / 1e6
 
 
-def grab_rate(client: Any) -> float | None:
-    """Grab rows written per second between the previous look and this one (None: no previous
-    look, or one from Redis's future). A look less than WINDOW after the previous one reuses
-    its rate. Each database's highest id is kept as a high-water mark: rows deleted at the top
-    do not make the next look count them again."""
-    now = _redis_now(client)
+def grab_rate(client: Any, now: float | None = None) -> float | None:
+    """Grab rows written per second between the previous look and this one, at `now` (Redis's
+    time, read if not given) (None: no previous look, or one from Redis's future). A look less
+    than WINDOW after the previous one reuses its rate. Each database's highest id is kept as a
+    high-water mark: rows deleted at the top do not make the next look count them again."""
+    if now is None:
+        now = _redis_now(client)
     last = client.hgetall(LOOK_KEY)
     age = now - float(last[b"at"]) if last else None
     if age is not None and 0 <= age < WINDOW:
@@ -107,14 +108,16 @@ class Pace:
             return QUIET
         try:
             client = get_redis_connection("default")
-            rate = grab_rate(client)
+            now = _redis_now(client)
+            rate = grab_rate(client, now)
             if rate is None or rate < settings.REDPACK_CREDIT_YIELD_RATE:
                 # A lull does not end the wait: a run that catches up does (caught_up).
                 self.since = client.get(WAITING_KEY)
                 return QUIET
-            now = _redis_now(client)
-            client.set(WAITING_KEY, repr(now), nx=True)
-            self.since = client.get(WAITING_KEY)
+            pipe = client.pipeline(transaction=True)
+            pipe.set(WAITING_KEY, repr(now), nx=True)
+            pipe.get(WAITING_KEY)
+            _, self.since = pipe.execute()
         except (RedisError, DatabaseError):  # no look: the money is not held back for it
             return QUIET
         waited = 0.0 if self.since is None else now - float(self.since)
