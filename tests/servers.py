@@ -3,6 +3,7 @@ worker (that a test may pause and SIGKILL), and what a test watches them by."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -33,6 +35,24 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+def admin_added_activity(page: Any, label: str) -> tuple[int, Any]:
+    """After the admin's "Save" of a new activity whose name ends in `label` (its total, count
+    and strategy, as "8.88 × 8 (pessimistic)"): its id, read from the "added" message, and its
+    row of the change list. Not the first row holding the amount: another activity's text may
+    hold it too (the demo's draw their amounts at random)."""
+    from playwright.sync_api import expect
+
+    added = page.locator(".messagelist", has_text="was added successfully")
+    expect(added).to_contain_text(label)
+    found = re.search(r"#(\d+) " + re.escape(label), added.inner_text())
+    assert found is not None, added.inner_text()
+    activity = int(found.group(1))
+    row = page.locator("#result_list tbody tr").filter(
+        has=page.locator(".field-id", has_text=re.compile(rf"^{activity}$"))
+    )
+    return activity, row
 
 
 def free_port() -> int:

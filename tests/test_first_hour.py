@@ -25,6 +25,7 @@ from .servers import (
     CHROMIUM,
     CHROMIUM_ARGS,
     ROOT,
+    admin_added_activity,
     free_port,
     gunicorn,
     service_env,
@@ -137,9 +138,8 @@ def test_landing_admin_burst_expire_refund_report(web, users_csv, admin_login, b
     page.select_option("#id_strategy", "redis_counter")
     shot(page, "4-send")
     page.click("input[name=_save]")
-    row = page.locator("#result_list tbody tr", has_text="50.00").first
+    activity, row = admin_added_activity(page, "50.00 × 50 (redis_counter)")
     expect(row).to_contain_text("0 / 50")
-    activity = int(row.locator(".field-id").inner_text())
 
     page.goto(f"{web}/admin/redpack/activity/{activity}/change/")
     expect(page.locator("#activity-state")).to_have_text("open")

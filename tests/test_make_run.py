@@ -33,7 +33,7 @@ from django.conf import settings
 
 from redpack.health import CACHE_SECONDS
 
-from .servers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ROOT, free_port
+from .servers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ROOT, admin_added_activity, free_port
 
 FIRST_RUN_TIMEOUT = 900  # creates the virtualenv
 READY = "redpack is ready"
@@ -294,9 +294,8 @@ def check_admin_in_a_browser(stack: Stack) -> None:
             page.fill("#id_total_count", "8")
             page.select_option("#id_strategy", "pessimistic")
             page.click("input[name=_save]")
-            row = page.locator("#result_list tbody tr", has_text="8.88")
+            activity, row = admin_added_activity(page, "8.88 × 8 (pessimistic)")
             expect(row).to_contain_text("0 / 8")
-            activity = int(row.locator(".field-id").inner_text())
             code, grab = call(
                 "POST", f"{stack.web}/api/activities/{activity}/grab/", None, admin_token(stack)
             )
