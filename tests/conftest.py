@@ -8,10 +8,16 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
 from django.db import connection
 from django_redis import get_redis_connection
+from hypothesis import settings as hypothesis_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from redpack import bans, finished, health, ledger, selectors
+from redpack import bans, finished, health, ledger, ratelimit, selectors
 from tests.faults import FaultProxy
+
+# Property tests draw the same examples every run, so that a failure fails the same way each
+# time, and no example is failed for its time on a loaded machine.
+hypothesis_settings.register_profile("redpack", derandomize=True, deadline=None)
+hypothesis_settings.load_profile("redpack")
 
 MIN_DB_CONNECTIONS = 1000  # the contract harness opens one connection per grabbing thread
 
@@ -40,6 +46,15 @@ def clean_redis() -> Iterator[None]:
     bans.forget()
     finished.forget()
     yield
+
+
+@pytest.fixture
+def one_throttle_window(monkeypatch):  # type: ignore[no-untyped-def]
+    """Every request of a test in the same rate-limit window, whatever the wall clock does
+    meanwhile (a window turning mid-test would start the counts again), and no per-process
+    counts left from another test."""
+    monkeypatch.setattr(ratelimit, "clock", lambda: 1_800_000_000.0)
+    monkeypatch.setattr(ratelimit, "_local", ratelimit._LocalCounters())
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ def total_and_count(draw_: st.DrawFn) -> tuple[int, int]:
     return total, count
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(KINDS, total_and_count(), st.integers(min_value=0))
 def test_split_is_exact_and_every_packet_has_a_cent(kind, total_count, seed):
     total, count = total_count
@@ -29,7 +29,7 @@ def test_split_is_exact_and_every_packet_has_a_cent(kind, total_count, seed):
     assert min(amounts) >= 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(KINDS, total_and_count(), st.integers(min_value=0))
 def test_draws_until_empty_consume_the_total_exactly(kind, total_count, seed):
     total, count = total_count

@@ -84,10 +84,13 @@ def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
 
 
 def test_refund_runs_twice_concurrently_but_pays_once(safe_strategy, sender, make_users):
-    activity = send(sender, safe_strategy, count=10, expires_in=1)
-    for user in make_users(4):
-        services.activity_grab(activity_id=activity.pk, user_id=user.pk)
-    time.sleep(1.1)
+    users = make_users(4)  # before the send: the four grabs must all come before the expiry
+    activity = send(sender, safe_strategy, count=10, expires_in=2)
+    for user in users:
+        grab = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+        assert grab.outcome is Outcome.GRABBED, grab
+    while Activity.objects.get(pk=activity.pk).expires_at.timestamp() > time.time():
+        time.sleep(0.05)
     results = []
 
     def run() -> None:
@@ -169,15 +172,18 @@ def test_refund_before_expiry_needs_force(sender, make_users):
 
 def test_celery_worker_and_beat_refund_expired_activities(sender, make_users, tmp_path):
     """The real processes: `celery -A redpack worker -B` picks expired activities up."""
-    activities = [send(sender, "pessimistic", count=4, expires_in=1) for _ in range(5)]
-    services.activity_grab(activity_id=activities[0].pk, user_id=make_users(1)[0].pk)
+    (grabber,) = make_users(1)
+    activities = [send(sender, "pessimistic", count=4, expires_in=2) for _ in range(5)]
+    # The last one sent, at once: a grab that came after its expiry would be answered closed.
+    grab = services.activity_grab(activity_id=activities[-1].pk, user_id=grabber.pk)
+    assert grab.outcome is Outcome.GRABBED, grab
     with celery_worker(tmp_path / "beat-schedule"):
         deadline = time.monotonic() + 60
         while Refund.objects.count() < 5 and time.monotonic() < deadline:
             time.sleep(0.5)
     for activity in activities:
         assert_refunded_once(activity.pk)
-    assert Refund.objects.get(activity=activities[0]).count == 3
+    assert Refund.objects.get(activity=activities[-1]).count == 3
 
 
 def test_bench_expiry_command_refunds_everything_once():

@@ -294,7 +294,6 @@ operation = st.one_of(
 
 @settings(
     max_examples=15,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(operations=st.lists(operation, min_size=1, max_size=30))

@@ -189,7 +189,9 @@ def test_oversized_body_is_413(sender):
     assert not Activity.objects.exists()
 
 
-def test_grab_throttle_answers_429_with_retry_after(sender, make_users, settings):
+def test_grab_throttle_answers_429_with_retry_after(
+    sender, make_users, settings, one_throttle_window
+):
     settings.REDPACK_THROTTLE_RATES = {"grab": "3/min", "send": "2/min"}
     grabber, other = make_users(2)
     activity = services.activity_send(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from redpack.api.serializers import MONEY_SCHEMA_PATTERN, MoneyField
 
 
-@settings(max_examples=300, derandomize=True)
+@settings(max_examples=300)
 @given(st.from_regex(MONEY_SCHEMA_PATTERN, fullmatch=True))
 def test_every_published_amount_is_accepted(text: str) -> None:
     assert MoneyField().to_internal_value(text) >= Decimal("0.01")

@@ -13,17 +13,13 @@ from redpack import bans, ratelimit, services
 from redpack.models import GrabDetail
 from strategies.lua import gate_script
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # every request of a test in one window: tests/conftest.py
+    pytest.mark.usefixtures("one_throttle_window"),
+]
 
 CLOSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-
-
-@pytest.fixture(autouse=True)
-def one_window(monkeypatch):  # type: ignore[no-untyped-def]
-    """Every request of a test in the same window, whatever the wall clock does meanwhile, and
-    no per-process counts left from another test."""
-    monkeypatch.setattr(ratelimit, "clock", lambda: 1_800_000_000.0)
-    monkeypatch.setattr(ratelimit, "_local", ratelimit._LocalCounters())
 
 
 @pytest.fixture

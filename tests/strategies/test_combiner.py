@@ -73,8 +73,10 @@ def test_items_arriving_during_a_batch_form_the_next_one_in_order() -> None:
     combiner = Combiner(recorder, cap=lambda: 8)
     answers: dict = {}  # type: ignore[type-arg]
     leader = hold_first_batch(combiner, recorder, "a", answers)
-    followers = [start(combiner, "a", item, answers) for item in (2, 3, 4)]
-    wait_until(lambda: combiner.pending("a") == 3)
+    followers = []
+    for item in (2, 3, 4):
+        followers.append(start(combiner, "a", item, answers))
+        wait_until(lambda n=item: combiner.pending("a") == n - 1)  # arrival order is item order
     recorder.release.set()
     for thread in [leader, *followers]:
         thread.join(30)
