@@ -1,8 +1,10 @@
 """unsafe: refused unless allowed, and when allowed the auditor catches what it does."""
 
+import threading
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from rest_framework.test import APIClient
 
@@ -10,10 +12,8 @@ from redpack import services
 from redpack.audit import audit_activity
 from redpack.errors import InvalidInput
 from redpack.models import Activity
-from strategies.base import Outcome
-from tests.contract.harness import grab_concurrently
-
-BURSTS = 5  # the race is likely in one burst; repeat, bounded, until it shows
+from strategies import unsafe
+from strategies.base import GrabResult, Outcome
 
 
 def send_unsafe(sender_id: int, count: int = 20) -> Activity:
@@ -27,24 +27,42 @@ def send_unsafe(sender_id: int, count: int = 20) -> Activity:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_auditor_reports_the_lost_updates_of_the_unsafe_strategy(make_users, sender):
-    users = [u.pk for u in make_users(100)]
-    with override_settings(REDPACK_ALLOW_UNSAFE_STRATEGIES=True):
-        for _ in range(BURSTS):
-            activity = send_unsafe(sender.pk)
-            answers = grab_concurrently(activity.pk, users, clicks_per_user=1)
-            grabbed = [
-                (a.user_id, a.result.amount_cents)
-                for a in answers
-                if a.result.outcome is Outcome.GRABBED
-            ]
-            activity.refresh_from_db()
-            report = audit_activity(activity, answers=grabbed)
-            if not report.ok:
-                break
+def test_the_auditor_reports_the_lost_updates_of_the_unsafe_strategy(
+    make_users, sender, monkeypatch
+):
+    """Two grabs that both read the surplus before either writes it back (held at a barrier
+    after their read, so the race happens every run): one decrement is lost."""
+    users = [u.pk for u in make_users(2)]
+    both_read = threading.Barrier(len(users), timeout=30)
+    checked = unsafe.refusal  # called right after the strategy's read of the activity
 
+    def after_the_read(*args, **kwargs):  # type: ignore[no-untyped-def]
+        both_read.wait()
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(unsafe, "refusal", after_the_read)
+    results: dict[int, GrabResult] = {}
+
+    def grab(user_id: int) -> None:
+        try:
+            results[user_id] = services.activity_grab(activity_id=activity.pk, user_id=user_id)
+        finally:
+            connection.close()
+
+    with override_settings(REDPACK_ALLOW_UNSAFE_STRATEGIES=True):
+        activity = send_unsafe(sender.pk)
+        threads = [threading.Thread(target=grab, args=(user_id,)) for user_id in users]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert [results[u].outcome for u in users] == [Outcome.GRABBED, Outcome.GRABBED]
+    activity.refresh_from_db()
+    assert activity.surplus_count == 19  # two grabs, one decrement
+    grabbed = [(u, results[u].amount_cents) for u in users]
+    report = audit_activity(activity, answers=grabbed)
     assert not report.ok
-    assert report.oversold > 0
+    assert report.oversold == 1
     assert any(v.startswith("count:") for v in report.violations)
     assert report.duplicates == 0  # UNIQUE (activity, user) still holds
 
