@@ -34,6 +34,13 @@ def send(sender, strategy: str, count: int = 20, expires_in: int = 3600) -> Acti
     )
 
 
+def wait_until_expired(activity: Activity) -> None:
+    """Until the wall clock has passed the activity's expiry (a refund refuses it before)."""
+    expires = Activity.objects.get(pk=activity.pk).expires_at.timestamp()
+    while expires > time.time():
+        time.sleep(0.05)
+
+
 def assert_refunded_once(activity_id: int) -> Refund:
     activity = Activity.objects.get(pk=activity_id)
     assert activity.status == ActivityStatus.REFUNDED
@@ -69,8 +76,7 @@ def test_grabs_racing_the_expiry(safe_strategy, sender, make_users):
     threads = [threading.Thread(target=grabber, args=(u.pk,)) for u in users]
     for thread in threads:
         thread.start()
-    while Activity.objects.get(pk=activity.pk).expires_at.timestamp() > time.time():
-        time.sleep(0.05)
+    wait_until_expired(activity)
     outcome = expiry.refund(activity_id=activity.pk)
     stop.set()
     for thread in threads:
@@ -89,8 +95,7 @@ def test_refund_runs_twice_concurrently_but_pays_once(safe_strategy, sender, mak
     for user in users:
         grab = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
         assert grab.outcome is Outcome.GRABBED, grab
-    while Activity.objects.get(pk=activity.pk).expires_at.timestamp() > time.time():
-        time.sleep(0.05)
+    wait_until_expired(activity)
     results = []
 
     def run() -> None:
