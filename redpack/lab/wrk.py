@@ -135,11 +135,10 @@ def grab_run(
     run_seconds = (ended - started) if once else result["duration_us"] / 1e6
     return summarize(
         result,
-        sent=len(tokens),
+        sent=len(tokens) if once else None,
         seconds=run_seconds,
         cpu_seconds=cpu,
         connections=connections,
-        timed=not once,
     )
 
 
@@ -158,17 +157,16 @@ def _wait_for_answers(
 def summarize(
     result: dict[str, Any],
     *,
-    sent: int,
+    sent: int | None,
     seconds: float,
     cpu_seconds: float,
     connections: int,
-    timed: bool = False,
 ) -> dict[str, Any]:
     """wrk's result as a lab summary (the keys of a Locust run's). `sent`: the burst's
-    requests, one per user. In a `timed` run, the script's count of the requests it made: those
-    without an answer were in flight when the clock stopped the run, at most one per connection
-    (`cut_off`, on top of `requests`), or lost with a connection that broke (the rest:
-    `connection_error`; wrk opens such a connection again and goes on)."""
+    requests, one per user; None for a timed run, which goes by the script's count of the
+    requests it made: those without an answer were in flight when the clock stopped the run,
+    at most one per connection (`cut_off`, on top of `requests`), or lost with a connection
+    that broke (the rest: `connection_error`; wrk opens such a connection again and goes on)."""
     causes: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
@@ -184,7 +182,7 @@ def summarize(
     # A request wrk gave up on (--timeout) or whose connection broke has no answer; the burst
     # sent one per user, a timed run the requests the script made, less those cut off.
     causes["client_timeout"] += result["errors"]["timeout"]
-    if timed:
+    if sent is None:
         without_answer = max(0, result["made"] - answered)
         causes["cut_off"] = min(connections, without_answer)
         sent = answered + without_answer - causes["cut_off"]

@@ -79,7 +79,7 @@ def test_a_timed_runs_requests_without_an_answer_are_cut_off_or_lost():
         "at_most_ms": {"10": 6},
     }
 
-    timed = wrk.summarize(result, sent=60, seconds=1.0, cpu_seconds=0.1, connections=3, timed=True)
+    timed = wrk.summarize(result, sent=None, seconds=1.0, cpu_seconds=0.1, connections=3)
 
     assert timed["causes"] == {"grabbed": 6, "connection_error": 1, "cut_off": 3}
     assert timed["requests"] == 7 and timed["unanswered"] == 1
