@@ -48,7 +48,17 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     # exit is importing it (a stop reaps both) would find it half imported.
     import prometheus_client.multiprocess  # noqa: F401
 
-    from redpack import webworker  # noqa: F401  (child_exit's, whatever the worker class)
+    from redpack import webworker  # child_exit's too, whatever the worker class
+
+    # A descriptor per connection, in every worker (they inherit the master's limit).
+    holds = webworker.open_files_for(server.cfg.worker_connections)
+    if holds < server.cfg.worker_connections:
+        server.log.warning(
+            "open files: a worker can hold %d connections, not worker_connections' %d (the hard"
+            " limit, ulimit -Hn); the rest of a burst waits in the listen queue",
+            holds,
+            server.cfg.worker_connections,
+        )
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]

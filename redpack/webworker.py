@@ -46,6 +46,7 @@ import ctypes
 import errno
 import gc
 import os
+import resource
 import select
 import selectors
 import socket
@@ -79,6 +80,7 @@ clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+OPEN_FILES_MARGIN = 200  # descriptors a process needs besides one per connection
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
@@ -106,6 +108,28 @@ def settle_collector(threshold: int = GC_THRESHOLD) -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(threshold, middle, oldest)
+
+
+def open_files_for(connections: int) -> int:
+    """Raise this process's soft limit of open files (its children inherit it) towards
+    `connections` + OPEN_FILES_MARGIN, as far as the hard limit lets a process go without
+    privileges; never lower it. Returns how many connections the process can hold now.
+
+    A hot burst needs a descriptor per connection, and many systems start a process at a soft
+    limit of 1,024 (a container's too) under a far higher hard one: a worker at 1,024 leaves the
+    rest of a 10,000-user burst in the kernel's listen queue, and beyond that queue the kernel
+    drops them and the clients resend seconds later. gunicorn.conf.py raises it in the server's
+    master, before it forks its workers; the lab, for its load generators."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = connections + OPEN_FILES_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < target:
+        raised = target if hard == resource.RLIM_INFINITY else min(target, hard)
+        if raised > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft == resource.RLIM_INFINITY:
+        return connections
+    return max(1, soft - OPEN_FILES_MARGIN)
 
 
 def may_accept(own: int, others: list[int], slack: int) -> bool:

@@ -2,6 +2,7 @@
 
 - `/hello`: answers its worker's pid at once;
 - `/collector`: its worker's garbage collector, `<objects frozen> <youngest threshold>`;
+- `/open-files`: its worker's soft limit of open files;
 - `/held`: answers the requests all the server's workers hold (redpack/webworker.py's shared
   counts; the asking request is one of them);
 - anything else says it arrived (its worker's pid, on a Redis list) and is answered only once
@@ -10,6 +11,7 @@
 
 import gc
 import os
+import resource
 
 import redis
 
@@ -26,6 +28,8 @@ def application(environ, start_response):  # type: ignore[no-untyped-def]
         body = str(os.getpid()).encode()
     elif path == "/collector":
         body = f"{gc.get_freeze_count()} {gc.get_threshold()[0]}".encode()
+    elif path == "/open-files":
+        body = str(resource.getrlimit(resource.RLIMIT_NOFILE)[0]).encode()
     elif path == "/held":
         body = str(sum(webworker._held[s] for s in range(webworker._used.value))).encode()
     else:

@@ -2,6 +2,8 @@
 on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
+import resource
+import runpy
 import selectors
 import socket
 import subprocess
@@ -207,11 +209,11 @@ def _waiting(listener: socket.socket) -> int:
 
 @contextlib.contextmanager
 def _held_app(
-    *, workers: int, threads: int, **env: str
+    *, workers: int, threads: int, soft_open_files: int | None = None, **env: str
 ) -> Iterator[tuple[int, str, "redis.Redis[bytes]"]]:
     """tests/held_app.py on a real gunicorn (with gunicorn.conf.py, as everywhere) once each of
     its `workers` has loaded it: (port, the app's Redis key prefix, a Redis client); stopped and
-    its keys removed after."""
+    its keys removed after. `soft_open_files`: the server starts at that soft limit."""
     url = settings.CACHES["default"]["LOCATION"]
     key = f"test:held:{uuid.uuid4().hex}"
     client = redis.Redis.from_url(url)
@@ -219,7 +221,13 @@ def _held_app(
     command = [sys.executable, "-m", "gunicorn", "tests.held_app:application"]
     command += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads)]
     env = service_env(HELD_APP_REDIS_URL=url, HELD_APP_KEY=key, **env)
-    server = subprocess.Popen(command, cwd=ROOT, env=env)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def limited() -> None:
+        if soft_open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft_open_files, hard))
+
+    server = subprocess.Popen(command, cwd=ROOT, env=env, preexec_fn=limited)
     try:
         for _ in range(workers):
             assert client.blpop([f"{key}:booted"], timeout=60) is not None, "a worker did not boot"
@@ -255,6 +263,20 @@ def test_a_worker_freezes_its_loaded_app_and_collects_less_often(
             check=True,
         )
         assert youngest == int(own.stdout)  # the interpreter's own
+
+
+def test_a_server_started_at_a_low_soft_limit_of_open_files_raises_it_for_its_workers() -> None:
+    """A burst needs a descriptor per connection: gunicorn.conf.py raises the soft limit of
+    open files of a server started at the common 1,024 towards worker_connections plus the
+    margin (webworker.open_files_for), as far as the hard limit goes, before its workers fork."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    configured = runpy.run_path(str(ROOT / "gunicorn.conf.py"))["worker_connections"]
+    wanted = configured + webworker.OPEN_FILES_MARGIN
+    expected = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if expected <= 1024:
+        pytest.skip(f"the hard limit of open files here ({hard}) leaves nothing to raise")
+    with _held_app(workers=1, threads=2, soft_open_files=1024) as (port, _, _):
+        assert int(_get(port, "/open-files")) == expected
 
 
 def test_a_burst_is_split_between_the_workers() -> None:

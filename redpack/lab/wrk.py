@@ -28,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from redpack import webworker
 from redpack.audit import audit_activity
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
@@ -49,23 +50,11 @@ from .stats import (
 SCRIPT = Path(__file__).with_name("wrk_grab.lua")
 THREADS = 2
 RESULT_PREFIX = "WRK_RESULT "
-FD_MARGIN = 200  # descriptors wrk needs besides one per connection
 
 
 def available() -> str | None:
     """wrk's path, or None when it is not installed."""
     return shutil.which("wrk")
-
-
-def raise_open_files(wanted: int) -> int:
-    """Raise this process's open-file limit (children inherit it) towards `wanted` + a margin;
-    returns how many connections one process can open now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted + FD_MARGIN
-    if soft < target and (hard == resource.RLIM_INFINITY or hard > soft):
-        soft = target if hard == resource.RLIM_INFINITY else min(target, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return max(1, soft - FD_MARGIN)
 
 
 def grab_run(
@@ -85,7 +74,7 @@ def grab_run(
     tool = available()
     if tool is None:
         raise RuntimeError("wrk not found (apt-get install wrk)")
-    connections = min(connections, raise_open_files(connections))
+    connections = min(connections, webworker.open_files_for(connections))
     if once:
         connections = min(connections, len(tokens))
     with tempfile.TemporaryDirectory(prefix="wrk-") as work:
