@@ -50,15 +50,18 @@ def on_starting(server):  # type: ignore[no-untyped-def]
 
     from redpack import webworker  # child_exit's too, whatever the worker class
 
-    # A descriptor per connection, in every worker (they inherit the master's limit).
+    # A descriptor per connection, in every worker (they inherit the master's limit); where the
+    # hard limit allows fewer, a worker holds no more than that, and keeps the margin for its
+    # own connections to MySQL and Redis (a request that cannot open one fails).
     holds = webworker.open_files_for(server.cfg.worker_connections)
     if holds < server.cfg.worker_connections:
         server.log.warning(
-            "open files: a worker can hold %d connections, not worker_connections' %d (the hard"
-            " limit, ulimit -Hn); the rest of a burst waits in the listen queue",
+            "open files: a worker holds at most %d connections, not worker_connections' %d (the"
+            " hard limit, ulimit -Hn); the rest of a burst waits in the listen queue",
             holds,
             server.cfg.worker_connections,
         )
+        server.cfg.set("worker_connections", holds)
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]

@@ -81,6 +81,10 @@ GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 OPEN_FILES_MARGIN = 200  # descriptors a process needs besides one per connection
+# After accept() found no room (OUT_OF_ROOM), a worker leaves the listening socket alone this
+# long: the connections wait in the listen queue (or for another worker) instead of the loop
+# spinning on a socket that stays readable.
+NO_ROOM_SECONDS = 0.1
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
@@ -189,6 +193,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._unread: set[Any] = set()
         self._unread_since: deque[tuple[float, Any]] = deque()
         self._listening = False
+        self._no_room_until: float | None = None  # set while accept() finds no room
 
     # --- what this worker holds ----------------------------------------------------------
 
@@ -218,6 +223,13 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _ready_to_accept(self, ready: bool) -> None:
         if self.slot >= 0:
             _ready[self.slot] = int(ready)
+
+    def _room(self) -> bool:
+        """Whether this worker may take another connection: it holds fewer than
+        `worker_connections`, and the last accept() that found no room is NO_ROOM_SECONDS old."""
+        if self._no_room_until is not None and clock() < self._no_room_until:
+            return False
+        return bool(self.nr_conns < self.worker_connections)
 
     def _others(self) -> list[int]:
         me = self.slot
@@ -255,11 +267,15 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                     return  # none left
                 if exc.errno in OUT_OF_ROOM:
-                    # The rest wait in the listen queue (for the next pass, or another worker)
-                    # rather than this worker failing with every connection it holds.
-                    self.log.warning("accepting connections: %s; %s held", exc, self.nr_conns)
+                    # The rest wait in the listen queue (for another worker, or until
+                    # NO_ROOM_SECONDS have passed) rather than this worker failing with every
+                    # connection it holds; said once until a connection is accepted again.
+                    if self._no_room_until is None:
+                        self.log.warning("accepting connections: %s; %s held", exc, self.nr_conns)
+                    self._no_room_until = clock() + NO_ROOM_SECONDS
                     return
                 raise
+            self._no_room_until = None
             conn = TConn(self.cfg, sock, client, server)
             self.nr_conns += 1
             self._unread_change(conn, accepted=True)
@@ -324,7 +340,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         try:
             while self.alive:
                 self.notify()
-                room = self.nr_conns < self.worker_connections
+                room = self._room()
                 self._ready_to_accept(room)
                 self._forget_silent()
                 self._listen(room and may_accept(self._holds(), self._others(), ACCEPT_SLACK))

@@ -2,6 +2,7 @@
 on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
+import errno
 import resource
 import runpy
 import selectors
@@ -12,7 +13,8 @@ import threading
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 import pytest
 import redis
@@ -80,6 +82,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker.poller, worker._lock = selectors.DefaultSelector(), threading.RLock()
     worker._pending, worker._pending_lock = set(), threading.Lock()
     worker._unread, worker._unread_since = set(), deque()
+    worker._no_room_until = None
     monkeypatch.setattr(worker, "_others", lambda: others)
     return worker
 
@@ -112,6 +115,54 @@ def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
             key.fileobj.close()  # type: ignore[union-attr]
         for client in clients:
             client.close()
+        listener.close()
+
+
+class _NoRoom:
+    """A listening socket whose accept() finds no descriptor left in the process."""
+
+    def accept(self) -> NoReturn:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_worker_without_room_says_so_once_and_leaves_the_queue_alone_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """accept() failing for want of descriptors (EMFILE): the connections stay in the listen
+    queue, and the worker neither polls it again for NO_ROOM_SECONDS (it stays readable: the
+    loop would spin on it) nor says so again until it has accepted a connection (measured
+    before: 3.4 million warnings in one burst)."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    now = [100.0]
+    monkeypatch.setattr(webworker, "clock", lambda: now[0])
+    warnings: list[tuple[Any, ...]] = []
+    worker.log = SimpleNamespace(warning=lambda *args: warnings.append(args))
+    address = ("127.0.0.1", 0)
+
+    worker.accept(address, _NoRoom())
+    assert len(warnings) == 1 and worker.nr_conns == 0
+    assert not worker._room()
+    now[0] += webworker.NO_ROOM_SECONDS / 2
+    worker.accept(address, _NoRoom())
+    assert len(warnings) == 1  # still the same shortage
+    now[0] += webworker.NO_ROOM_SECONDS * 3 / 4  # past the first refusal's wait ...
+    assert not worker._room()  # ... counted from the last one
+    now[0] += webworker.NO_ROOM_SECONDS
+    assert worker._room()
+
+    listener = socket.create_server(address)
+    listener.setblocking(False)
+    client = socket.create_connection(listener.getsockname(), timeout=10)
+    try:
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == 1 and worker._room()
+        worker.accept(address, _NoRoom())
+        assert len(warnings) == 2  # a new shortage, said again
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        client.close()
         listener.close()
 
 
@@ -268,7 +319,8 @@ def test_a_worker_freezes_its_loaded_app_and_collects_less_often(
 def test_a_server_started_at_a_low_soft_limit_of_open_files_raises_it_for_its_workers() -> None:
     """A burst needs a descriptor per connection: gunicorn.conf.py raises the soft limit of
     open files of a server started at the common 1,024 towards worker_connections plus the
-    margin (webworker.open_files_for), as far as the hard limit goes, before its workers fork."""
+    margin (webworker.open_files_for), as far as the hard limit goes, before its workers fork
+    (docs/benchmarks.md, "Open files")."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     configured = runpy.run_path(str(ROOT / "gunicorn.conf.py"))["worker_connections"]
     wanted = configured + webworker.OPEN_FILES_MARGIN
@@ -277,6 +329,42 @@ def test_a_server_started_at_a_low_soft_limit_of_open_files_raises_it_for_its_wo
         pytest.skip(f"the hard limit of open files here ({hard}) leaves nothing to raise")
     with _held_app(workers=1, threads=2, soft_open_files=1024) as (port, _, _):
         assert int(_get(port, "/open-files")) == expected
+
+
+HOOK_UNDER_A_HARD_LIMIT = """
+import resource, runpy, sys
+from types import SimpleNamespace
+from gunicorn.config import Config
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1500))
+hooks = runpy.run_path("gunicorn.conf.py")
+config = Config()
+config.set("worker_connections", hooks["worker_connections"])
+said = []
+server = SimpleNamespace(cfg=config, log=SimpleNamespace(warning=lambda *a: said.append(a)))
+hooks["on_starting"](server)
+hooks["on_exit"](server)
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], config.worker_connections, len(said))
+"""
+
+
+def test_under_a_low_hard_limit_a_worker_holds_no_more_connections_than_it_has_files() -> None:
+    """Under a hard limit below worker_connections (1,500 here), gunicorn.conf.py takes the soft
+    limit up to it, lowers worker_connections to that less the margin (what a worker's own
+    MySQL and Redis connections need: a request that cannot open one would fail), and says so
+    once (docs/benchmarks.md, "Open files")."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1500:
+        pytest.skip(f"the hard limit of open files here ({hard}) is below 1,500")
+    done = subprocess.run(
+        [sys.executable, "-c", HOOK_UNDER_A_HARD_LIMIT],
+        cwd=ROOT,
+        env=service_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    soft, connections, warnings = (int(field) for field in done.stdout.split())
+    assert (soft, connections, warnings) == (1500, 1500 - webworker.OPEN_FILES_MARGIN, 1)
 
 
 def test_a_burst_is_split_between_the_workers() -> None:
