@@ -48,20 +48,41 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     # exit is importing it (a stop reaps both) would find it half imported.
     import prometheus_client.multiprocess  # noqa: F401
 
-    from redpack import webworker  # child_exit's too, whatever the worker class
+    from redpack import webworker  # noqa: F401  (child_exit's, whatever the worker class)
 
-    # A descriptor per connection, in every worker (they inherit the master's limit); where the
-    # hard limit allows fewer, a worker holds no more than that, and keeps the margin for its
-    # own connections to MySQL and Redis (a request that cannot open one fails).
-    holds = webworker.open_files_for(server.cfg.worker_connections)
-    if holds < server.cfg.worker_connections:
-        server.log.warning(
-            "open files: a worker holds at most %d connections, not worker_connections' %d (the"
-            " hard limit, ulimit -Hn); the rest of a burst waits in the listen queue",
+    hold_what_files_allow(server)
+
+
+def on_reload(server):  # type: ignore[no-untyped-def]
+    """A reload (SIGHUP) reads this file again into a new config, then forks new workers."""
+    hold_what_files_allow(server)
+
+
+def hold_what_files_allow(server):  # type: ignore[no-untyped-def]
+    """A descriptor per connection, in every worker (they inherit the master's limit): the soft
+    limit raised to match worker_connections (webworker.open_files_for); where the hard limit
+    allows fewer, a worker holds no more than that, keeping the margin for its own connections
+    to MySQL and Redis (a request that cannot open one fails)."""
+    from redpack import webworker
+
+    wanted = server.cfg.worker_connections
+    holds = webworker.open_files_for(wanted)
+    if holds >= wanted:
+        return
+    server.log.warning(
+        "open files: a worker holds at most %d connections, not worker_connections' %d (the"
+        " hard limit, ulimit -Hn); the rest of a burst waits in the listen queue",
+        holds,
+        wanted,
+    )
+    if holds < server.cfg.threads:
+        server.log.error(
+            "open files: %d connections per worker is fewer than its %d threads; raise the"
+            " hard limit (ulimit -Hn)",
             holds,
-            server.cfg.worker_connections,
+            server.cfg.threads,
         )
-        server.cfg.set("worker_connections", holds)
+    server.cfg.set("worker_connections", holds)
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]

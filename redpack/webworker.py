@@ -9,8 +9,9 @@ worker, three things made it slow and its end late:
   them alone while the other sat idle, and the burst ended when the busier one did. Here each
   worker publishes, in memory shared by the server's workers, how many requests it holds (read
   and not yet answered: queued for a thread or running; and connections it accepted whose
-  request it has not read yet) and whether its loop can accept (it has booted, is not exiting
-  and holds fewer than `worker_connections` connections). It accepts only while it holds no
+  request it has not read yet) and whether its loop can accept (it has booted, is not exiting,
+  holds fewer than `worker_connections` connections and is not waiting after an accept() that
+  found no descriptor left). It accepts only while it holds no
   more than the least busy of the workers that can accept plus `ACCEPT_SLACK`, or plus half
   of what that one holds when that is less, never less than 32 (`may_accept`);
   the rest of the burst waits in the kernel's listen queue for the others. The least busy
@@ -88,7 +89,8 @@ NO_ROOM_SECONDS = 0.1
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
-# requests that worker holds, and 1 while its loop can accept. And the slots in use at most.
+# requests that worker holds, and 1 while its loop can accept (`_room`). And the slots in use at
+# most.
 _owner = RawArray(ctypes.c_long, SLOTS)
 _held = RawArray(ctypes.c_long, SLOTS)
 _ready = RawArray(ctypes.c_long, SLOTS)
@@ -128,9 +130,12 @@ def open_files_for(connections: int) -> int:
     target = connections + OPEN_FILES_MARGIN
     if soft != resource.RLIM_INFINITY and soft < target:
         raised = target if hard == resource.RLIM_INFINITY else min(target, hard)
-        if raised > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
+        # The kernel may refuse what the hard limit seems to allow (a system cap below it,
+        # macOS's OPEN_MAX, a sandbox): the limit stays as it was, never a failed start.
+        with contextlib.suppress(ValueError, OSError, OverflowError):
+            if raised > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
     if soft == resource.RLIM_INFINITY:
         return connections
     return max(1, soft - OPEN_FILES_MARGIN)
