@@ -51,11 +51,30 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     from redpack import webworker  # noqa: F401  (child_exit's, whatever the worker class)
 
     hold_what_files_allow(server)
+    say_if_the_queue_is_capped(server)
 
 
 def on_reload(server):  # type: ignore[no-untyped-def]
     """A reload (SIGHUP) reads this file again into a new config, then forks new workers."""
     hold_what_files_allow(server)
+    say_if_the_queue_is_capped(server)
+
+
+def say_if_the_queue_is_capped(server):  # type: ignore[no-untyped-def]
+    """The kernel silently shortens a listen queue longer than net.core.somaxconn (128 on
+    kernels before 5.4), and a burst beyond the workers' connections and that queue waits for
+    its clients to resend (1 s, 3 s, 7 s later): said once at start, with the fix."""
+    from redpack import webworker
+
+    cap = webworker.listen_queue_cap()
+    if cap is not None and cap < server.cfg.backlog:
+        server.log.warning(
+            "listen queue: the kernel caps it at %d, not backlog's %d; a burst beyond it waits"
+            " for its clients to resend (sysctl -w net.core.somaxconn=%d)",
+            cap,
+            server.cfg.backlog,
+            server.cfg.backlog,
+        )
 
 
 def hold_what_files_allow(server):  # type: ignore[no-untyped-def]

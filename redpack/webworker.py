@@ -141,6 +141,18 @@ def open_files_for(connections: int) -> int:
     return max(1, soft - OPEN_FILES_MARGIN)
 
 
+SOMAXCONN = "/proc/sys/net/core/somaxconn"  # Linux's cap on any listen queue
+
+
+def listen_queue_cap() -> int | None:
+    """The kernel's cap on a listening socket's queue (Linux), None where it cannot be read."""
+    try:
+        with open(SOMAXCONN) as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def may_accept(own: int, others: list[int], slack: int) -> bool:
     """Whether a worker holding `own` requests polls the listening socket (and a pass of its
     loop accepts one more), while the other workers that can accept hold `others`: no more than

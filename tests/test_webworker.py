@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
@@ -345,6 +346,26 @@ def test_a_limit_the_kernel_refuses_to_raise_stays_as_it_was(
     assert asked == [(10_000 + webworker.OPEN_FILES_MARGIN, 20_000)]
 
 
+@pytest.mark.parametrize(("cap", "said"), [(128, 1), (4096, 0), (None, 0)])
+def test_a_server_says_when_the_kernel_caps_its_listen_queue_below_its_backlog(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cap: int | None, said: int
+) -> None:
+    """net.core.somaxconn (128 before Linux 5.4) silently shortens the 4,096 of `backlog`:
+    gunicorn.conf.py says so at start, with the fix; nothing where the cap cannot be read."""
+    somaxconn = tmp_path / "somaxconn"
+    if cap is not None:
+        somaxconn.write_text(f"{cap}\n")
+    monkeypatch.setattr(webworker, "SOMAXCONN", str(somaxconn))
+    hooks = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    config = Config()
+    config.set("backlog", hooks["backlog"])
+    warnings: list[tuple[Any, ...]] = []
+    server = SimpleNamespace(cfg=config, log=SimpleNamespace(warning=lambda *a: warnings.append(a)))
+    hooks["say_if_the_queue_is_capped"](server)
+    assert len(warnings) == said
+    assert all(f"net.core.somaxconn={hooks['backlog']}" in w[0] % w[1:] for w in warnings)
+
+
 HOOK_UNDER_A_HARD_LIMIT = """
 import resource, runpy, sys
 from types import SimpleNamespace
@@ -352,7 +373,9 @@ from gunicorn.config import Config
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1500))
 hooks = runpy.run_path("gunicorn.conf.py")
 said = []
-log = SimpleNamespace(warning=lambda *a: said.append(a), error=lambda *a: said.append(a))
+def say(message, *args):  # the open files' messages (not the listen queue's, say)
+    said.extend([message] if message.startswith("open files") else [])
+log = SimpleNamespace(warning=say, error=say)
 def server():  # as gunicorn's master holds it at start, and after a reload (a new config)
     config = Config()
     config.set("worker_connections", hooks["worker_connections"])
