@@ -600,8 +600,7 @@ class Compare:
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
         self._quiet()
-        ping = self._ping_burst_beside(name) if hot else self._ping_beside(name)
-        beside = ping.rate
+        ping = self._ping_burst_beside(name) if hot else self._ping_beside(name, "before")
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -625,12 +624,6 @@ class Compare:
             # this many: each wrk thread goes round its own share of the users.
             row["repeated_users"] = row["requests"] - users
             self.log(f"  warning: {row['repeated_users']} requests past the {users} users")
-        row["steal_share_beside"] = ping.steal_share
-        if hot and beside is not None:
-            row["ping_burst_beside_per_s"] = beside
-        elif beside is not None and row.get("requests_per_s"):
-            row["ping_beside_per_s"] = beside
-            row["of_ping_beside"] = round(row["requests_per_s"] / beside, 4)
         granted = row.pop("granted", None)
         if granted is not None:
             # Rows nobody heard of can only be the grabs of requests without an answer.
@@ -638,30 +631,43 @@ class Compare:
             row.update(
                 wrk.audit_answers(name, activity_id, granted, cut_off_at_most=without_answer)
             )
+        if hot:
+            row["steal_share_beside"] = ping.steal_share
+            if ping.rate is not None:
+                row["ping_burst_beside_per_s"] = ping.rate
         self._add_http_row(row, usage)
+        if not hot:
+            # Once the server has written the run's grabs (the audit above waited for that).
+            row.update(ping_bracket(ping, self._ping_beside(name, "after"), row))
+            self.log(
+                f"  {report.beside_cell(_beside(row))} of the pings beside it"
+                f" ({_rate(row.get('ping_beside_per_s'))})"
+            )
 
-    def _ping_beside(self, name: str) -> "Beside":
-        """The kept-alive ping from wrk again, just before a strategy's many-packets run, on the
-        same connections for as long as the run, from the same generator (wrk_grab.lua, each
-        request as the next of the same users): on a shared machine the server's pace drifts
-        over a long comparison (measured here: the same ping 1,100 to 1,650/s within an
-        hour), so a grab run's share of the ping is read against the ping beside it, as well
-        as against the one at the start (`of ceiling`, plain wrk with one token)."""
+    def _ping_beside(self, name: str, when: str) -> "Beside":
+        """The kept-alive ping from wrk again, just `before` or `after` a strategy's
+        many-packets run, on the same connections for as long as the run, from the same
+        generator (wrk_grab.lua, each request as the next of the same users): on a shared
+        machine the server's pace drifts over a long comparison (measured here: the same ping
+        1,100 to 1,650/s within an hour, and 856 then 1,221/s a minute apart), so a grab run's
+        share of the ping is read against the pings on either side of it (`ping_bracket`), as
+        well as against the one at the start (`of ceiling`, plain wrk with one token)."""
         c = self.config
+        self._quiet()  # after the run: once its connections closed
         try:
             ping = self._wrk_ping(
                 c.http_users,
                 once=False,
                 connections=c.concurrency,
                 seconds=c.throughput_seconds,
-                log=f"wrk-{name}-ping-beside.log",
+                log=f"wrk-{name}-ping-{when}.log",
             )
         except RuntimeError as exc:
-            self.log(f"  ping beside it: failed ({exc})")
+            self.log(f"  ping {when} it: failed ({exc})")
             return Beside(None, None)
         share = ping.get("generator_cpu_share")
         self.log(
-            f"  ping beside it: {_rate(ping['requests_per_s'])}"
+            f"  ping {when} it: {_rate(ping['requests_per_s'])}"
             f" (wrk's own CPU {share if share is None else f'{100 * share:.0f}%'} of its cores,"
             f" {ping.get('unanswered', 0)} unanswered; {_steal(ping)})"
         )
@@ -834,10 +840,32 @@ class Compare:
                 + (
                     ""
                     if beside is None
-                    else f"; {100 * beside:.1f}% of the ping beside it"
+                    else f"; {report.beside_cell(_beside(row))} of the pings beside it"
                     f" ({_rate(row.get('ping_beside_per_s'))})"
                 )
             )
+
+
+def ping_bracket(before: "Beside", after: "Beside", row: dict[str, Any]) -> dict[str, Any]:
+    """A many-packets run's share of the pings on either side of it: against their mean
+    (`of_ping_beside`, the figure the target reads), and against each (`of_ping_before`,
+    `of_ping_after`: how far the machine's pace moved over the run, the figure's own noise).
+    A ping that failed leaves the other alone; with neither, no share."""
+    rates = [ping.rate for ping in (before, after) if ping.rate is not None]
+    steals = [ping.steal_share for ping in (before, after) if ping.steal_share is not None]
+    fields: dict[str, Any] = {}
+    if steals:
+        fields["steal_share_beside"] = round(sum(steals) / len(steals), 4)
+    rate = row.get("requests_per_s")
+    if not rates or not rate:
+        return fields
+    mean = sum(rates) / len(rates)
+    fields.update(ping_beside_per_s=round(mean, 1), of_ping_beside=round(rate / mean, 4))
+    for when, ping in (("before", before), ("after", after)):
+        if ping.rate is not None:
+            fields[f"ping_{when}_per_s"] = ping.rate
+            fields[f"of_ping_{when}"] = round(rate / ping.rate, 4)
+    return fields
 
 
 class Beside(NamedTuple):
@@ -846,6 +874,10 @@ class Beside(NamedTuple):
 
     rate: float | None
     steal_share: float | None
+
+
+def _beside(row: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    return (row.get("of_ping_beside"), row.get("of_ping_before"), row.get("of_ping_after"))
 
 
 def _steal(summary: dict[str, Any]) -> str:

@@ -77,7 +77,7 @@ HTTP_COLUMNS: list[tuple[str, str, str]] = [
     ("p99_budget", "hot p99 budget ms", "budget"),
     ("max_ms", "max ms", ",.0f"),
     ("within_1s", "within 1 s", "%"),
-    ("of_ping_beside", "÷ ping beside it", "%"),
+    ("of_ping_beside", "÷ pings beside it (÷ before–after)", "beside"),
     ("generator_cpu_share", "generator CPU", "generator"),
     ("steal_share", "steal (ping beside)", "steal"),
 ]
@@ -116,6 +116,8 @@ def cell(value: Any, fmt: str) -> str:
         return f"{100 * share:.0f}%" + (" **generator-bound**" if bound else "")
     if fmt == "steal":
         return steal_cell(*value)
+    if fmt == "beside":
+        return beside_cell(value)
     if fmt == "kind":
         return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
@@ -147,7 +149,22 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
         return row
     if fmt == "steal":
         return (row.get(key), row.get("steal_share_beside"))
+    if fmt == "beside":
+        return (row.get(key), row.get("of_ping_before"), row.get("of_ping_after"))
     return row.get(key)
+
+
+def beside_cell(value: tuple[float | None, float | None, float | None]) -> str:
+    """A many-packets run's share of the mean of the pings on either side of it, with its
+    shares of each (before–after) when both were measured: how far the machine's pace moved
+    over the run."""
+    mean, before, after = value
+    if mean is None:
+        return "–"
+    shown = f"{100 * mean:.1f}%"
+    if before is None or after is None:
+        return shown
+    return f"{shown} ({100 * before:.1f}–{100 * after:.1f}%)"
 
 
 def steal_cell(run: float | None, beside: float | None) -> str:
@@ -378,15 +395,18 @@ How to read it:
   if any, is checked in MySQL; it comes on top of **requests**), not a request anybody waited for;
   in a timed run, requests without an answer beyond one per connection were lost with a broken
   connection, `connection_error`. A request Locust counted without a cause fails the run. **within
-  1 s**: share of the requests answered within a second. **÷ ping beside it** (wrk's many-packets
-  runs): grabs/s ÷ wrk's kept-alive ping measured just before the run, on the same connections for
-  as long, from the same script over the same users (the ping at the start of a long comparison
-  may have been measured at another pace of a shared machine). **generator CPU**: the generator's
+  1 s**: share of the requests answered within a second. **÷ pings beside it** (wrk's many-packets
+  runs): grabs/s ÷ the mean of wrk's kept-alive pings measured just before the run and just after
+  it (once its grabs were written), on the same connections for as long, from the same script
+  over the same users; in brackets, its share of the one before and of the one after: how far a
+  shared machine's pace moved over the run (the ping at the start of a long comparison may have
+  been measured at yet another pace). **generator CPU**: the generator's
   own CPU over the run per Locust process (one core each) or per wrk thread; at 90% and above the
   load generator, not the server, may be the limit. **steal (ping beside)**: the share of the
   machine's CPU time the hypervisor gave other guests over the run (0 off a virtual machine), and
-  over the ping beside it; in bold when the two are 5 points or more apart, since the run's pace
-  against that ping is then the neighbours' as much as the software's. wrk times a request from
+  over the ping beside it (the pings' mean for a many-packets run); in bold when the two are 5
+  points or more apart, since the run's pace against that ping is then the neighbours' as much as
+  the software's. wrk times a request from
   its write: in the hot burst the TCP connect before it is not in the latency (the run's seconds,
   from wrk's start to the last answer, include it); it cannot tell which user an answer went to,
   so its `grabbed` answers are checked against MySQL by number and amounts, beside the auditor's

@@ -258,6 +258,8 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
         within_1s=1.0,
         ping_beside_per_s=1_500.0,
         of_ping_beside=0.8,
+        of_ping_before=0.75,
+        of_ping_after=0.8571,
         generator_cpu_share=0.05,
         steal_share=0.12,
         steal_share_beside=0.03,
@@ -271,12 +273,12 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
     assert "| **3** |" in line  # unanswered, flagged
     assert "grabbed 100, sold_out 9,890, shed 7, client_timeout 3" in line
     assert "| 4,100 | 92.5% | – | 95% **generator-bound** | 2% |" in line
-    # A many-packets run beside the ping measured just before it.
+    # A many-packets run against the pings just before and after it.
     line = next(
         x for x in text.splitlines() if x.startswith("| redis_counter | HTTP thr") and "18,000" in x
     )
     # The hypervisor took 12% of the machine over the run, 3% over the ping: flagged.
-    assert "| 100.0% | 80.0% | 5% | **12%** (ping 3%) |" in line
+    assert "| 100.0% | 80.0% (75.0–85.7%) | 5% | **12%** (ping 3%) |" in line
     histogram = next(x for x in text.splitlines() if x.startswith("| strategy | run | ≤10 ms"))
     assert histogram.endswith("| ≤10 ms | ≤1000 ms | ≤5000 ms |")
     assert "| pessimistic | HTTP hot | 9,000 | 250 | 750 |" in text
