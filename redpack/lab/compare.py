@@ -653,7 +653,7 @@ class Compare:
         share of the ping is read against the pings on either side of it (`ping_bracket`), as
         well as against the one at the start (`of ceiling`, plain wrk with one token)."""
         c = self.config
-        self._quiet()  # after the run: once its connections closed
+        self._quiet()  # after a run, once the server has closed its connections
         try:
             ping = self._wrk_ping(
                 c.http_users,
@@ -869,8 +869,8 @@ def ping_bracket(before: "Beside", after: "Beside", row: dict[str, Any]) -> dict
 
 
 class Beside(NamedTuple):
-    """The ping measured just before a strategy's HTTP run: its rate (None when it cannot
-    bound the run) and the machine's steal share over it."""
+    """A ping measured just before (or after) a strategy's HTTP run: its rate (None when it
+    cannot bound the run) and the machine's steal share over it."""
 
     rate: float | None
     steal_share: float | None
