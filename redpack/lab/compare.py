@@ -600,7 +600,7 @@ class Compare:
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
         self._quiet()
-        ping = self._ping_burst_beside(name) if hot else self._ping_beside(name, "before")
+        ping = self._ping_burst_beside(name, "before") if hot else self._ping_beside(name, "before")
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
         before = meters.snapshot()
@@ -631,13 +631,14 @@ class Compare:
             row.update(
                 wrk.audit_answers(name, activity_id, granted, cut_off_at_most=without_answer)
             )
-        if hot:
-            row["steal_share_beside"] = ping.steal_share
-            if ping.rate is not None:
-                row["ping_burst_beside_per_s"] = ping.rate
         self._add_http_row(row, usage)
-        if not hot:
-            # Once the server has written the run's grabs (the audit above waited for that).
+        # The pings after the run, once the server has written its grabs (the audit above
+        # waited for that): a hot burst's budget and a many-packets run's share read the mean
+        # of the pings on either side.
+        if hot:
+            row.update(burst_bracket(ping, self._ping_burst_beside(name, "after")))
+            self.log(f"  ping bursts beside it: {_rate(row.get('ping_burst_beside_per_s'))}")
+        else:
             row.update(ping_bracket(ping, self._ping_beside(name, "after"), row))
             self.log(
                 f"  {report.beside_cell(_beside(row))} of the pings beside it"
@@ -675,19 +676,21 @@ class Compare:
         rate = float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
         return Beside(rate, ping["steal_share"])
 
-    def _ping_burst_beside(self, name: str) -> "Beside":
-        """The ping burst again (`_measure_web_burst`'s shape), just before a strategy's hot
-        burst: a hot burst's p99 budget is its requests ÷ this rate + 1 s (`assign_ceilings`),
-        for the reason `_ping_beside` gives. Its rate is None when the burst was not answered in
-        full or wrk was its bottleneck (then the one at the start counts)."""
+    def _ping_burst_beside(self, name: str, when: str) -> "Beside":
+        """The ping burst again (`_measure_web_burst`'s shape), just `before` or `after` a
+        strategy's hot burst: a hot burst's p99 budget is its requests ÷ the mean rate of the
+        two + 1 s (`burst_bracket`, `assign_ceilings`), for the reason `_ping_beside` gives.
+        Its rate is None when the burst was not answered in full or wrk was its bottleneck
+        (with neither rate, the one at the start counts)."""
+        self._quiet()
         try:
-            ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-beside.log")
+            ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-{when}.log")
         except RuntimeError as exc:
-            self.log(f"  ping burst beside it: failed ({exc})")
+            self.log(f"  ping burst {when} it: failed ({exc})")
             return Beside(None, None)
         pongs = ping["statuses"].get("200", 0)
         self.log(
-            f"  ping burst beside it: {_rate(ping['requests_per_s'])}, p99 {ping['p99_ms']} ms"
+            f"  ping burst {when} it: {_rate(ping['requests_per_s'])}, p99 {ping['p99_ms']} ms"
             f" ({pongs} of {ping['requests']} answered 200; {_steal(ping)})"
         )
         self._quiet()
@@ -851,20 +854,36 @@ def ping_bracket(before: "Beside", after: "Beside", row: dict[str, Any]) -> dict
     (`of_ping_beside`, the figure the target reads), and against each (`of_ping_before`,
     `of_ping_after`: how far the machine's pace moved over the run, the figure's own noise).
     A ping that failed leaves the other alone; with neither, no share."""
-    rates = [ping.rate for ping in (before, after) if ping.rate is not None]
-    steals = [ping.steal_share for ping in (before, after) if ping.steal_share is not None]
-    fields: dict[str, Any] = {}
-    if steals:
-        fields["steal_share_beside"] = round(sum(steals) / len(steals), 4)
+    fields = _bracketed("ping", before, after)
     rate = row.get("requests_per_s")
-    if not rates or not rate:
-        return fields
-    mean = sum(rates) / len(rates)
-    fields.update(ping_beside_per_s=round(mean, 1), of_ping_beside=round(rate / mean, 4))
+    if "ping_beside_per_s" not in fields or not rate:
+        return {k: v for k, v in fields.items() if k == "steal_share_beside"}
+    fields["of_ping_beside"] = round(rate / fields["ping_beside_per_s"], 4)
     for when, ping in (("before", before), ("after", after)):
         if ping.rate is not None:
-            fields[f"ping_{when}_per_s"] = ping.rate
             fields[f"of_ping_{when}"] = round(rate / ping.rate, 4)
+    return fields
+
+
+def burst_bracket(before: "Beside", after: "Beside") -> dict[str, Any]:
+    """A hot burst's ping bursts on either side of it: their mean rate
+    (`ping_burst_beside_per_s`, which sets the burst's p99 budget) and each one's."""
+    return _bracketed("ping_burst", before, after)
+
+
+def _bracketed(name: str, before: "Beside", after: "Beside") -> dict[str, Any]:
+    """`<name>_beside_per_s`, the mean rate of the pings that have one, `<name>_before_per_s`
+    and `<name>_after_per_s`, and `steal_share_beside`, the mean of their steal shares."""
+    fields: dict[str, Any] = {}
+    steals = [ping.steal_share for ping in (before, after) if ping.steal_share is not None]
+    if steals:
+        fields["steal_share_beside"] = round(sum(steals) / len(steals), 4)
+    rates = [ping.rate for ping in (before, after) if ping.rate is not None]
+    if rates:
+        fields[f"{name}_beside_per_s"] = round(sum(rates) / len(rates), 1)
+    for when, ping in (("before", before), ("after", after)):
+        if ping.rate is not None:
+            fields[f"{name}_{when}_per_s"] = ping.rate
     return fields
 
 

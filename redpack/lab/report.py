@@ -365,9 +365,9 @@ How to read it:
   to answer everybody at the ping's pace, plus a second), `met` or **over**, against two
   pings of the run's own generator: the **ping burst** (wrk only: every hot user at once on a
   connection of its own, one request each, as the burst itself; measured again just before
-  each hot burst, as the ping beside a many-packets run is (`ping_burst_beside_per_s` in the
-  JSON); the one at the start when that one was not answered in full or wrk was its
-  bottleneck) and the **kept-alive ping**
+  and just after each hot burst, as the pings beside a many-packets run are, and their mean
+  rate taken (`ping_burst_beside_per_s` in the JSON, each one's beside it); the one at the
+  start when neither was answered in full with wrk below its bottleneck) and the **kept-alive ping**
   (the ceiling above). A burst's p99 is close to its own length, so the first verdict says
   whether a grab in the burst costs more than a no-op in the same shape; the second, whether
   the burst is answered at the pace of kept-alive requests, which also pays for accepting

@@ -1,6 +1,7 @@
-"""A many-packets run's share of the pings on either side of it (compare.ping_bracket)."""
+"""The pings on either side of a run: a many-packets run's share of them (compare.ping_bracket),
+a hot burst's budget from the ping bursts (compare.burst_bracket)."""
 
-from redpack.lab.compare import Beside, ping_bracket
+from redpack.lab.compare import Beside, burst_bracket, ping_bracket
 
 
 def test_the_share_is_of_the_mean_with_each_side_beside_it() -> None:
@@ -30,3 +31,15 @@ def test_no_share_without_a_ping_or_a_rate() -> None:
     assert "of_ping_beside" not in ping_bracket(
         Beside(1_000.0, None), Beside(1_000.0, None), {"requests_per_s": None}
     )
+
+
+def test_a_hot_burst_reads_the_mean_of_the_ping_bursts_that_were_answered_in_full() -> None:
+    assert burst_bracket(Beside(800.0, 0.0), Beside(700.0, 0.02)) == {
+        "steal_share_beside": 0.01,
+        "ping_burst_beside_per_s": 750.0,
+        "ping_burst_before_per_s": 800.0,
+        "ping_burst_after_per_s": 700.0,
+    }
+    # A burst not answered in full (or generator-bound) has no rate: the other one counts.
+    assert burst_bracket(Beside(None, 0.0), Beside(700.0, 0.0))["ping_burst_beside_per_s"] == 700
+    assert "ping_burst_beside_per_s" not in burst_bracket(Beside(None, 0.0), Beside(None, 0.0))
