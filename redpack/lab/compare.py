@@ -147,9 +147,9 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
     # the lower of the two bounds the run.
     web = {"Locust": measured("web"), "wrk": measured("web_wrk")}
     # A hot burst's p99 is held to its requests ÷ the ping's rate + 1 s: the ping in the same
-    # shape (every user at once on its own connection) where it was measured (wrk: the burst
-    # just before the run, else the one at the start), and the kept-alive ping of the run's own
-    # generator beside it.
+    # shape (every user at once on its own connection) where it was measured (wrk: the mean of
+    # the bursts just before and just after the run, else the one at the start), and the
+    # kept-alive ping of the run's own generator beside it.
     burst = {"Locust": None, "wrk": measured("web_burst")}
     for name in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == name]
@@ -510,8 +510,8 @@ class Compare:
         of its own, one request each. Accepting thousands of connections at once costs the
         server more per request than kept-alive requests do, so a hot burst's p99 is held to
         users ÷ the rate of this shape + 1 s, beside the kept-alive ping's budget
-        (`_p99_budget`): of the ping burst just before it (`_ping_burst_beside`), else of this
-        one."""
+        (`_p99_budget`): of the ping bursts just before and just after it (`_ping_burst_beside`),
+        else of this one."""
         c = self.config
         self.log(f"ceiling: web server, GET /api/ping/ burst from wrk ({c.hot_users} connections)")
         name = "Web: GET /api/ping/ burst, one connection per user, wrk"
@@ -599,7 +599,6 @@ class Compare:
         connections = users if hot else c.concurrency
         seconds = c.hot_seconds if hot else c.throughput_seconds
         self.log(f"{name}: HTTP {scenario} from wrk ({packets} packets, {connections} connections)")
-        self._quiet()
         ping = self._ping_burst_beside(name, "before") if hot else self._ping_beside(name, "before")
         activity_id = self._send(name, packets)
         meters = Meters(watch=[s.psutil for s in self.services])
@@ -637,12 +636,19 @@ class Compare:
         # of the pings on either side.
         if hot:
             row.update(burst_bracket(ping, self._ping_burst_beside(name, "after")))
-            self.log(f"  ping bursts beside it: {_rate(row.get('ping_burst_beside_per_s'))}")
+            beside = row.get("ping_burst_beside_per_s")
+            self.log(
+                f"  ping bursts beside it: {_rate(beside)}"
+                if beside
+                else "  no ping burst beside it: the one at the start sets the budget"
+            )
         else:
             row.update(ping_bracket(ping, self._ping_beside(name, "after"), row))
             self.log(
                 f"  {report.beside_cell(_beside(row))} of the pings beside it"
                 f" ({_rate(row.get('ping_beside_per_s'))})"
+                if row.get("of_ping_beside") is not None
+                else "  no ping beside it"
             )
 
     def _ping_beside(self, name: str, when: str) -> "Beside":
@@ -672,7 +678,7 @@ class Compare:
             f" (wrk's own CPU {share if share is None else f'{100 * share:.0f}%'} of its cores,"
             f" {ping.get('unanswered', 0)} unanswered; {_steal(ping)})"
         )
-        self._quiet()  # its connections closed before the run it is beside
+        self._quiet()  # its connections closed before whatever comes next
         rate = float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
         return Beside(rate, ping["steal_share"])
 

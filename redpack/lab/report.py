@@ -404,13 +404,12 @@ How to read it:
   own CPU over the run per Locust process (one core each) or per wrk thread; at 90% and above the
   load generator, not the server, may be the limit. **steal (ping beside)**: the share of the
   machine's CPU time the hypervisor gave other guests over the run (0 off a virtual machine), and
-  over the ping beside it (the pings' mean for a many-packets run); in bold when the two are 5
-  points or more apart, since the run's pace against that ping is then the neighbours' as much as
-  the software's. wrk times a request from
-  its write: in the hot burst the TCP connect before it is not in the latency (the run's seconds,
-  from wrk's start to the last answer, include it); it cannot tell which user an answer went to,
-  so its `grabbed` answers are checked against MySQL by number and amounts, beside the auditor's
-  invariants.
+  over the ping beside it (for wrk's runs, the mean of the pings before and after); in bold
+  when the two are 5 points or more apart, since the run's pace against that ping is then the
+  neighbours' as much as the software's. wrk times a request from its write: in the hot burst
+  the TCP connect before it is not in the latency (the run's seconds, from wrk's start to the
+  last answer, include it); it cannot tell which user an answer went to, so its `grabbed`
+  answers are checked against MySQL by number and amounts, beside the auditor's invariants.
 """
 
 
