@@ -645,7 +645,7 @@ class Compare:
         else:
             row.update(ping_bracket(ping, self._ping_beside(name, "after"), row))
             self.log(
-                f"  {report.beside_cell(_beside(row))} of the pings beside it"
+                f"  {report.beside_cell(report.beside_of(row))} of the pings beside it"
                 f" ({_rate(row.get('ping_beside_per_s'))})"
                 if row.get("of_ping_beside") is not None
                 else "  no ping beside it"
@@ -849,7 +849,7 @@ class Compare:
                 + (
                     ""
                     if beside is None
-                    else f"; {report.beside_cell(_beside(row))} of the pings beside it"
+                    else f"; {report.beside_cell(report.beside_of(row))} of the pings beside it"
                     f" ({_rate(row.get('ping_beside_per_s'))})"
                 )
             )
@@ -899,10 +899,6 @@ class Beside(NamedTuple):
 
     rate: float | None
     steal_share: float | None
-
-
-def _beside(row: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
-    return (row.get("of_ping_beside"), row.get("of_ping_before"), row.get("of_ping_after"))
 
 
 def _steal(summary: dict[str, Any]) -> str:

@@ -150,8 +150,13 @@ def _value(row: dict[str, Any], key: str, fmt: str) -> Any:
     if fmt == "steal":
         return (row.get(key), row.get("steal_share_beside"))
     if fmt == "beside":
-        return (row.get(key), row.get("of_ping_before"), row.get("of_ping_after"))
+        return beside_of(row)
     return row.get(key)
+
+
+def beside_of(row: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """A many-packets run's shares of the pings beside it, as `beside_cell` shows them."""
+    return (row.get("of_ping_beside"), row.get("of_ping_before"), row.get("of_ping_after"))
 
 
 def beside_cell(value: tuple[float | None, float | None, float | None]) -> str:
