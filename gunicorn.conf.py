@@ -63,7 +63,7 @@ def on_reload(server):  # type: ignore[no-untyped-def]
 def say_if_the_queue_is_capped(server):  # type: ignore[no-untyped-def]
     """The kernel silently shortens a listen queue longer than net.core.somaxconn (128 on
     kernels before 5.4), and a burst beyond the workers' connections and that queue waits for
-    its clients to resend (1 s, 3 s, 7 s later): said once at start, with the fix."""
+    its clients to resend (1 s, 3 s, 7 s later): said at start and after a reload, with the fix."""
     from redpack import webworker
 
     cap = webworker.listen_queue_cap()
