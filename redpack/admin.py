@@ -540,6 +540,7 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         run["histogram_cells"] = [counts.get(b) for b in buckets]
         run["causes"] = run.get("causes") or {}
         run["p99_budget_text"], run["p99_budget_over"] = report.shown_cell(run, "budget")
+        run["rounds_text"], run["rounds_flagged"] = report.shown_cell(run.get("rounds"), "rounds")
         steal = (run.get("steal_share"), run.get("steal_share_beside"))
         run["steal_text"], run["steal_apart"] = report.shown_cell(steal, "steal")
         for key, shown in (
@@ -548,4 +549,5 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         ):
             value = run.get(key)
             run[shown] = "–" if value is None else f"{100 * value:.1f}%"
-    return {"http_runs": runs, "buckets": buckets}
+    repeated = any(run.get("rounds") for run in runs)
+    return {"http_runs": runs, "buckets": buckets, "http_rounds": repeated}

@@ -143,6 +143,25 @@ def test_admin_report_of_this_machine_recommends_from_its_figures(
     assert "25.0%" in body  # group_commit's contended share
 
 
+def test_admin_report_lists_every_round_of_a_repeated_run(staff_client, tmp_path, monkeypatch):
+    rounds = [
+        {"figure": 0.72, "audit_ok": True, "unanswered": 0},
+        {"figure": 0.80, "audit_ok": False, "unanswered": 0},
+    ]
+    results = [
+        result_row("group_commit", "HTTP throughput (wrk)", requests=1_000, rounds=rounds),
+        result_row("redis_counter", "HTTP throughput (wrk)", requests=1_000),
+    ]
+    context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine()}
+    (tmp_path / "compare.json").write_text(
+        json.dumps({"context": context, "ceilings": [], "results": results})
+    )
+    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
+    body = staff_client.get("/admin/redpack/activity/report/").content.decode()
+    assert "rounds (the median kept)" in body
+    assert "<strong>0.72; 0.80 audit FAILED</strong>" in body
+
+
 @pytest.fixture
 def activity_of(make_users, staff_client):  # type: ignore[no-untyped-def]
     def send(count: int, **kwargs: object) -> Activity:

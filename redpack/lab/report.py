@@ -80,6 +80,7 @@ HTTP_COLUMNS: list[tuple[str, str, str]] = [
     ("of_ping_beside", "÷ pings beside it (÷ before–after)", "beside"),
     ("generator_cpu_share", "generator CPU", "generator"),
     ("steal_share", "steal (ping beside)", "steal"),
+    ("rounds", "rounds (the median kept)", "rounds"),
 ]
 # A run whose steal differs from the ping's beside it by this much (a share of the machine) or
 # more is marked: its ratio to that ping is the neighbours' as much as the software's.
@@ -118,6 +119,8 @@ def cell(value: Any, fmt: str) -> str:
         return steal_cell(*value)
     if fmt == "beside":
         return beside_cell(value)
+    if fmt == "rounds":
+        return rounds_cell(value)
     if fmt == "kind":
         return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
@@ -170,6 +173,33 @@ def beside_cell(value: tuple[float | None, float | None, float | None]) -> str:
     if before is None or after is None:
         return shown
     return f"{shown} ({100 * before:.1f}–{100 * after:.1f}%)"
+
+
+def rounds_cell(rounds: Sequence[dict[str, Any]]) -> str:
+    """A wrk run's rounds (compare.median_round), in the order they ran: a many-packets run's
+    share of the pings beside it, a hot burst's p99 against its budget (its ping bursts'),
+    in seconds; a failed audit or an unanswered request in bold."""
+    parts = []
+    for row in rounds:
+        figure, p99 = row.get("figure"), row.get("p99_ms")
+        if row.get("p99_budget_ms") is not None and p99 is not None:
+            text = f"{p99 / 1000:.2f} of {row['p99_budget_ms'] / 1000:.2f} s"
+        elif figure is not None:
+            text = f"{figure:.2f}"
+        else:
+            text = "–"
+        if not row.get("audit_ok"):
+            text += " **audit FAILED**"
+        if row.get("unanswered"):
+            text += f" **{row['unanswered']} unanswered**"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def http_columns(results: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """HTTP_COLUMNS, with `rounds` only when some run was repeated."""
+    repeated = any(r.get("rounds") for r in results)
+    return [c for c in HTTP_COLUMNS if c[0] != "rounds" or repeated]
 
 
 def steal_cell(run: float | None, beside: float | None) -> str:
@@ -415,6 +445,14 @@ How to read it:
   the TCP connect before it is not in the latency (the run's seconds, from wrk's start to the
   last answer, include it); it cannot tell which user an answer went to, so its `grabbed`
   answers are checked against MySQL by number and amounts, beside the auditor's invariants.
+- **rounds** (`--rounds N`, shown when N > 1): each strategy's wrk many-packets run and hot
+  burst ran N times, each round with its own pings beside it and a new activity. The row keeps
+  the median round's figures (of an even number, the worse of the two in the middle), ranked
+  by the many-packets run's share of its pings or by how far the hot burst's p99 stayed within
+  its ping bursts' budget; the column lists every round in the order they ran (the share, or
+  the p99 of its budget in seconds). What must hold in every round is taken from all of them:
+  the audit passes only if it passed in each, and **unanswered** and **oversold** are the
+  largest of any round.
 """
 
 
@@ -450,7 +488,7 @@ def write_markdown(
     http_rows = [r for r in results if str(r.get("run", "")).startswith("HTTP")]
     if http_rows:
         parts += ["## Over HTTP: every request's answer and wait", ""]
-        parts += [results_table(http_rows, HTTP_COLUMNS), ""]
+        parts += [results_table(http_rows, http_columns(http_rows)), ""]
         if any(r.get("latency_histogram") for r in http_rows):
             parts += ["Requests per latency bucket:", "", histogram_table(http_rows), ""]
     parts += ["## Ceilings on this machine", "", ceilings_table(ceilings), ""]

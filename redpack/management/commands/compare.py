@@ -62,6 +62,13 @@ class Command(BaseCommand):
             help="Grabs of the `bench lone` run, one at a time (0: skip it).",
         )
         parser.add_argument("--web-seconds", type=int, default=DEFAULTS.web_seconds)
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=DEFAULTS.rounds,
+            help="wrk's many-packets run and hot burst of each strategy (each with its pings "
+            "beside it) this many times; the report keeps the median round.",
+        )
         parser.add_argument("--ceiling-requests", type=int, default=DEFAULTS.ceiling_requests)
         parser.add_argument("--ceiling-queries", type=int, default=DEFAULTS.ceiling_queries)
         parser.add_argument("--web-workers", type=int, default=DEFAULTS.web_workers)
@@ -84,6 +91,9 @@ class Command(BaseCommand):
         unknown = sorted(set(names) - set(registry.names()))
         if unknown:
             raise CommandError(f"unknown strategies {unknown}; configured: {registry.names()}")
+        rounds = options.get("rounds", DEFAULTS.rounds)
+        if not isinstance(rounds, int) or rounds < 1:
+            raise CommandError(f"--rounds must be 1 or more, not {rounds}")
         keys = set(CompareConfig.__dataclass_fields__) - {"strategies", "command"}
         values = {k: options[k] for k in keys if k in options}
         config = CompareConfig(

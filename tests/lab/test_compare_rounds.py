@@ -1,0 +1,111 @@
+"""Repeated rounds of wrk's runs (compare --rounds): the median round's row is kept
+(compare.median_round), what must hold in every round is taken from all of them, and the report
+lists every round (report.rounds_cell)."""
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from redpack.lab import report
+from redpack.lab.compare import median_round, round_figure
+
+MANY = "HTTP throughput (wrk)"
+HOT = "HTTP hot (wrk)"
+
+
+def many(share: float | None, rate: float, **extra: object) -> dict:
+    row = {"strategy": "group_commit", "run": MANY, "requests_per_s": rate, "audit_ok": True}
+    if share is not None:
+        row["of_ping_beside"] = share
+    return {**row, "oversold": 0, "unanswered": 0, "violations": [], **extra}
+
+
+def hot(p99_ms: float, ping_burst_per_s: float | None, **extra: object) -> dict:
+    row = {
+        "strategy": "redis_counter",
+        "run": HOT,
+        "requests": 10_000,
+        "p99_ms": p99_ms,
+        "audit_ok": True,
+        "oversold": 0,
+        "unanswered": 0,
+        "violations": [],
+    }
+    if ping_burst_per_s is not None:
+        row["ping_burst_beside_per_s"] = ping_burst_per_s
+    return {**row, **extra}
+
+
+def test_the_many_packets_rounds_keep_the_median_share() -> None:
+    kept = median_round([many(0.72, 1_000.0), many(0.86, 1_200.0), many(0.79, 1_100.0)])
+
+    assert kept["of_ping_beside"] == 0.79
+    assert kept["requests_per_s"] == 1_100.0
+    assert kept["median_round"] == 3
+    assert [r["figure"] for r in kept["rounds"]] == [0.72, 0.86, 0.79]
+
+
+def test_of_an_even_number_the_worse_of_the_two_in_the_middle_is_kept() -> None:
+    rows = [many(0.90, 1.0), many(0.70, 1.0), many(0.80, 1.0), many(0.85, 1.0)]
+
+    assert median_round(rows)["of_ping_beside"] == 0.80
+    assert median_round(rows[:2])["of_ping_beside"] == 0.70
+
+
+def test_a_round_without_its_ping_ranks_last() -> None:
+    kept = median_round([many(None, 900.0), many(0.81, 1.0), many(0.75, 1.0)])
+
+    assert kept["of_ping_beside"] == 0.75
+    assert kept["rounds"][0]["figure"] is None
+
+
+def test_the_hot_rounds_keep_the_median_room_left_in_the_budget() -> None:
+    # budgets: 10,000 ÷ 1,250/s + 1 s = 9 s; 10,000 ÷ 1,000/s + 1 s = 11 s
+    rows = [hot(8_000.0, 1_250.0), hot(9_500.0, 1_250.0), hot(10_000.0, 1_000.0)]
+
+    assert [round_figure(r) for r in rows] == [1_000.0, -500.0, 1_000.0]
+    kept = median_round(rows)
+    assert kept["median_round"] in {1, 3}  # 1 s to spare, as the best; never the round over
+    assert kept["rounds"][1] == {
+        "figure": -500.0,
+        "requests_per_s": None,
+        "p99_ms": 9_500.0,
+        "p99_budget_ms": 9_000.0,
+        "unanswered": 0,
+        "audit_ok": True,
+        "activity_id": None,
+    }
+
+
+def test_what_must_hold_in_every_round_is_taken_from_all_of_them() -> None:
+    failed = many(0.60, 1.0, audit_ok=False, oversold=2, violations=["2 packets too many"])
+    lost = many(0.95, 1.0, unanswered=3)
+
+    kept = median_round([failed, many(0.80, 1.0), lost])
+
+    assert kept["of_ping_beside"] == 0.80
+    assert kept["audit_ok"] is False
+    assert kept["oversold"] == 2
+    assert kept["unanswered"] == 3
+    assert kept["violations"] == ["round 1: 2 packets too many"]
+
+
+def test_the_report_lists_every_round_and_flags_a_failed_one() -> None:
+    kept = median_round([many(0.72, 1.0), many(0.80, 1.0, audit_ok=False)])
+    hot_kept = median_round([hot(8_000.0, 1_250.0), hot(9_500.0, 1_250.0, unanswered=4)])
+
+    assert report.cell(kept["rounds"], "rounds") == "0.72; 0.80 **audit FAILED**"
+    assert report.cell(hot_kept["rounds"], "rounds") == (
+        "8.00 of 9.00 s; 9.50 of 9.00 s **4 unanswered**"
+    )
+    table = report.results_table([kept], report.http_columns([kept]))
+    assert "rounds (the median kept)" in table
+
+
+def test_the_rounds_column_is_left_out_when_nothing_was_repeated() -> None:
+    columns = report.http_columns([many(0.8, 1.0)])
+    assert "rounds" not in [key for key, _, _ in columns]
+
+
+def test_compare_refuses_fewer_than_one_round() -> None:
+    with pytest.raises(CommandError, match="--rounds must be 1 or more"):
+        call_command("compare", "--rounds", "0", "--skip-http", "--skip-bench")
