@@ -549,5 +549,5 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         ):
             value = run.get(key)
             run[shown] = "–" if value is None else f"{100 * value:.1f}%"
-    repeated = any(run.get("rounds") for run in runs)
+    repeated = any(key == "rounds" for key, _, _ in report.http_columns(runs))
     return {"http_runs": runs, "buckets": buckets, "http_rounds": repeated}

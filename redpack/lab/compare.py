@@ -85,6 +85,10 @@ class CompareConfig:
     work_dir: Path = BASE_DIR / "reports" / "logs"
     command: str = "manage.py compare"
 
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be 1 or more, not {self.rounds}")
+
 
 def bench_concurrency(config: CompareConfig, name: str) -> int:
     """The grabs in flight of a strategy's hot and throughput bench runs."""
@@ -141,10 +145,7 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
     """Set `ceiling`, `ceiling_rate` and `ceiling_ratio` on every result row (see LEGEND)."""
 
     def measured(kind: str, strategy: str | None = None) -> dict[str, Any] | None:
-        for c in ceilings:
-            if c["kind"] == kind and c.get("strategy") == strategy and c.get("requests_per_s"):
-                return c
-        return None
+        return measured_ceiling(ceilings, kind, strategy)
 
     # Over HTTP the web server's own ceiling applies too, measured by the run's own generator:
     # the lower of the two bounds the run.
@@ -180,9 +181,8 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
                 bound = min(candidates, key=lambda c: c["requests_per_s"]) if candidates else None
                 if row["run"].startswith("HTTP hot"):
                     _p99_budget(row, "kept_alive", web[generator])
-                    beside = row.get("ping_burst_beside_per_s")
-                    ping = {"requests_per_s": beside} if beside else burst[generator]
-                    _p99_budget(row, "burst", ping)
+                    rate = burst_ping_per_s(row, burst[generator])
+                    _p99_budget(row, "burst", {"requests_per_s": rate} if rate else None)
             if row["run"] in NO_CEILING_RUNS:
                 bound = None
             row["ceiling"] = bound["name"] if bound else None
@@ -191,6 +191,25 @@ def assign_ceilings(results: list[dict[str, Any]], ceilings: list[dict[str, Any]
             row["ceiling_ratio"] = (
                 round(rate / bound["requests_per_s"], 4) if bound and rate is not None else None
             )
+
+
+def measured_ceiling(
+    ceilings: list[dict[str, Any]], kind: str, strategy: str | None = None
+) -> dict[str, Any] | None:
+    """The first ceiling of `kind` (and `strategy`) that has a rate, or None."""
+    for c in ceilings:
+        if c["kind"] == kind and c.get("strategy") == strategy and c.get("requests_per_s"):
+            return c
+    return None
+
+
+def burst_ping_per_s(row: dict[str, Any], start: dict[str, Any] | None) -> float | None:
+    """The ping rate a hot burst's p99 budget reads: the mean of the ping bursts beside it
+    (`burst_bracket`), else the one at the start (`start`, its ceiling row), else None."""
+    beside = row.get("ping_burst_beside_per_s")
+    if beside:
+        return float(beside)
+    return float(start["requests_per_s"]) if start else None
 
 
 def p99_budget_ms(requests_sent: int, ping_per_s: float) -> float:
@@ -219,6 +238,7 @@ class Compare:
         self.names = config.strategies or registry.names()
         self.backlog: str | None = None
         self.not_quiet = 0  # HTTP runs started while the server still held earlier connections
+        self.round_label = ""  # in the names of a repeated wrk run's logs (`_wrk_rounds`)
         self.host = f"http://127.0.0.1:{config.port}"
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.env = self._env()
@@ -598,16 +618,22 @@ class Compare:
         self._add_http_row(row, Meters.usage(before, meters.snapshot()))
 
     def _wrk_rounds(self, name: str, scenario: str) -> None:
-        """`_wrk` as many times as the config's rounds, its rows then one (`median_round`)."""
+        """`_wrk` as many times as the config's rounds (each round's wrk logs named with
+        `-r<round>`), its rows then one (`median_round`)."""
+        rounds = self.config.rounds
         first = len(self.results)
-        for index in range(self.config.rounds):
-            if self.config.rounds > 1:
-                self.log(f"{name}: round {index + 1} of {self.config.rounds}")
-            self._wrk(name, scenario)
-        if self.config.rounds > 1:
+        for index in range(rounds):
+            if rounds > 1:
+                self.log(f"{name}: round {index + 1} of {rounds}")
+                self.round_label = f"-r{index + 1}"
+            try:
+                self._wrk(name, scenario)
+            finally:
+                self.round_label = ""
+        if rounds > 1:
             rows = self.results[first:]
             del self.results[first:]
-            kept = median_round(rows)
+            kept = median_round(rows, start_burst=measured_ceiling(self.ceilings, "web_burst"))
             self.results.append(kept)
             self.log(f"  the median of {len(rows)} rounds: round {kept['median_round']}")
 
@@ -632,7 +658,7 @@ class Compare:
                 once=hot,
                 connections=connections,
                 seconds=seconds,
-                log=c.work_dir / f"wrk-{name}-{scenario}.log",
+                log=c.work_dir / f"wrk-{name}-{scenario}{self.round_label}.log",
             )
         except RuntimeError as exc:
             summary = {"audit_ok": False, "violations": [str(exc)]}
@@ -689,7 +715,7 @@ class Compare:
                 once=False,
                 connections=c.concurrency,
                 seconds=c.throughput_seconds,
-                log=f"wrk-{name}-ping-{when}.log",
+                log=f"wrk-{name}-ping-{when}{self.round_label}.log",
             )
         except RuntimeError as exc:
             self.log(f"  ping {when} it: failed ({exc})")
@@ -712,7 +738,7 @@ class Compare:
         (with neither rate, the one at the start counts)."""
         self._quiet()
         try:
-            ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-{when}.log")
+            ping = self._wrk_ping_burst(f"wrk-{name}-ping-burst-{when}{self.round_label}.log")
         except RuntimeError as exc:
             self.log(f"  ping burst {when} it: failed ({exc})")
             return Beside(None, None)
@@ -877,50 +903,53 @@ class Compare:
             )
 
 
-def round_figure(row: dict[str, Any]) -> float | None:
+def round_figure(row: dict[str, Any], start_burst: dict[str, Any] | None = None) -> float | None:
     """What a wrk round is ranked by, higher better: a many-packets run's share of the pings
-    beside it; a hot burst's p99 budget (against the ping bursts beside it) less its p99, in
-    ms. None when the round has no such figure (its ping failed, nothing answered)."""
+    beside it; a hot burst's p99 budget (`_burst_budget`) less its p99, in ms. None when the
+    round has no such figure (its pings failed, nothing answered)."""
     if row["run"].startswith("HTTP hot"):
-        budget, p99 = _burst_budget(row), row.get("p99_ms")
+        budget, p99 = _burst_budget(row, start_burst), row.get("p99_ms")
         return None if budget is None or p99 is None else round(budget - p99, 1)
     share = row.get("of_ping_beside")
     return None if share is None else float(share)
 
 
-def _burst_budget(row: dict[str, Any]) -> float | None:
-    """A hot burst's p99 budget in ms against the ping bursts beside it (`_p99_budget`'s)."""
-    requests_sent, beside = row.get("requests"), row.get("ping_burst_beside_per_s")
-    if not row["run"].startswith("HTTP hot") or not requests_sent or not beside:
+def _burst_budget(row: dict[str, Any], start_burst: dict[str, Any] | None) -> float | None:
+    """A hot burst's p99 budget in ms against its ping burst, as `assign_ceilings` sets it
+    (`burst_ping_per_s`: the ones beside it, else `start_burst`, the one at the start)."""
+    requests_sent, rate = row.get("requests"), burst_ping_per_s(row, start_burst)
+    if not row["run"].startswith("HTTP hot") or not requests_sent or not rate:
         return None
-    return p99_budget_ms(requests_sent, beside)
+    return p99_budget_ms(requests_sent, rate)
 
 
-def median_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def median_round(
+    rows: list[dict[str, Any]], start_burst: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One row for a strategy's rounds of one wrk run: the median round's, by `round_figure`
     (of an even number, the worse of the two in the middle; a round without the figure ranks
-    last), with every round's figures in `rounds` (in the order they ran) and `median_round`
-    (its number, from 1). What every round must hold is taken from all of them: the audit
-    passes only if it passed in every round (`violations` names the round), and `oversold`,
-    `duplicates` and `unanswered` are the largest of any round."""
-    ranked = sorted(
-        range(len(rows)),
-        key=lambda i: (round_figure(rows[i]) is None, -(round_figure(rows[i]) or 0.0)),
-    )
+    last), with every round's figures and answers by cause in `rounds` (in the order they
+    ran) and `median_round` (its number, from 1). What every round must hold is taken from
+    all of them: the audit passes only if it passed in every round (`violations` names the
+    round), and `oversold` and `duplicates` are the largest of any round. `start_burst`: the
+    ping burst at the start, for a hot round without ping bursts beside it."""
+    figures = [round_figure(row, start_burst) for row in rows]
+    ranked = sorted(range(len(rows)), key=lambda i: (figures[i] is None, -(figures[i] or 0.0)))
     chosen = ranked[len(rows) // 2]
     kept = dict(rows[chosen])
     kept["median_round"] = chosen + 1
     kept["rounds"] = [
         {
-            "figure": round_figure(row),
+            "figure": figure,
             "requests_per_s": row.get("requests_per_s"),
             "p99_ms": row.get("p99_ms"),
-            "p99_budget_ms": _burst_budget(row),
+            "p99_budget_ms": _burst_budget(row, start_burst),
             "unanswered": row.get("unanswered"),
+            "causes": dict(row.get("causes") or {}),
             "audit_ok": bool(row.get("audit_ok")),
             "activity_id": row.get("activity_id"),
         }
-        for row in rows
+        for row, figure in zip(rows, figures, strict=True)
     ]
     kept["audit_ok"] = all(row.get("audit_ok") for row in rows)
     kept["violations"] = [
@@ -928,7 +957,7 @@ def median_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for index, row in enumerate(rows, 1)
         for violation in row.get("violations") or []
     ]
-    for key in ("oversold", "duplicates", "unanswered"):
+    for key in ("oversold", "duplicates"):
         values = [row[key] for row in rows if row.get(key) is not None]
         if values:
             kept[key] = max(values)

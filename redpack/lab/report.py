@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .stats import histogram_buckets
+from .stats import ANSWERS, CAUSES, histogram_buckets
 
 RUNS = (
     "bench hot",
@@ -175,10 +175,15 @@ def beside_cell(value: tuple[float | None, float | None, float | None]) -> str:
     return f"{shown} ({100 * before:.1f}–{100 * after:.1f}%)"
 
 
+# Causes a round of a repeated run is flagged for (rounds_cell): no answer, or none of the
+# contract's (a shed `contended` is one, and a timed run's cut-off requests are nobody's wait).
+FLAGGED_CAUSES = tuple(c for c in CAUSES if c not in ANSWERS and c not in {"shed", "cut_off"})
+
+
 def rounds_cell(rounds: Sequence[dict[str, Any]]) -> str:
     """A wrk run's rounds (compare.median_round), in the order they ran: a many-packets run's
     share of the pings beside it, a hot burst's p99 against its budget (its ping bursts'),
-    in seconds; a failed audit or an unanswered request in bold."""
+    in seconds; a failed audit, and requests of a FLAGGED_CAUSES cause, in bold."""
     parts = []
     for row in rounds:
         figure, p99 = row.get("figure"), row.get("p99_ms")
@@ -190,8 +195,8 @@ def rounds_cell(rounds: Sequence[dict[str, Any]]) -> str:
             text = "–"
         if not row.get("audit_ok"):
             text += " **audit FAILED**"
-        if row.get("unanswered"):
-            text += f" **{row['unanswered']} unanswered**"
+        causes = row.get("causes") or {}
+        text += "".join(f" **{causes[c]:,} {c}**" for c in FLAGGED_CAUSES if causes.get(c))
         parts.append(text)
     return "; ".join(parts)
 
@@ -450,9 +455,11 @@ How to read it:
   the median round's figures (of an even number, the worse of the two in the middle), ranked
   by the many-packets run's share of its pings or by how far the hot burst's p99 stayed within
   its ping bursts' budget; the column lists every round in the order they ran (the share, or
-  the p99 of its budget in seconds). What must hold in every round is taken from all of them:
-  the audit passes only if it passed in each, and **unanswered** and **oversold** are the
-  largest of any round.
+  the p99 of its budget in seconds), with a failed audit and any request without an answer of
+  the contract (unanswered, `5xx`, `outcome_unknown`, `throttled`) in bold. What must hold in
+  every round is taken from all of them: the audit passes only if it passed in each, and
+  **oversold** and duplicates are the largest of any round; the other columns are the kept
+  round's.
 """
 
 

@@ -91,18 +91,18 @@ class Command(BaseCommand):
         unknown = sorted(set(names) - set(registry.names()))
         if unknown:
             raise CommandError(f"unknown strategies {unknown}; configured: {registry.names()}")
-        rounds = options.get("rounds", DEFAULTS.rounds)
-        if not isinstance(rounds, int) or rounds < 1:
-            raise CommandError(f"--rounds must be 1 or more, not {rounds}")
         keys = set(CompareConfig.__dataclass_fields__) - {"strategies", "command"}
         values = {k: options[k] for k in keys if k in options}
-        config = CompareConfig(
-            strategies=names,
-            command=shlex.join(["manage.py", "compare", *sys.argv[2:]])
-            if sys.argv[1:2] == ["compare"]
-            else "manage.py compare",
-            **values,  # type: ignore[arg-type]
-        )
+        try:
+            config = CompareConfig(
+                strategies=names,
+                command=shlex.join(["manage.py", "compare", *sys.argv[2:]])
+                if sys.argv[1:2] == ["compare"]
+                else "manage.py compare",
+                **values,  # type: ignore[arg-type]
+            )
+        except ValueError as exc:  # a setting out of its range: named as its option
+            raise CommandError(f"--{exc}") from exc
         try:
             code = Compare(config, log=self.stdout.write).run()
         except RuntimeError as exc:  # a server compare needs did not start
