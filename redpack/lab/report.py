@@ -456,10 +456,10 @@ How to read it:
   by the many-packets run's share of its pings or by how far the hot burst's p99 stayed within
   its ping bursts' budget; the column lists every round in the order they ran (the share, or
   the p99 of its budget in seconds), with a failed audit and any request without an answer of
-  the contract (unanswered, `5xx`, `outcome_unknown`, `throttled`) in bold. What must hold in
-  every round is taken from all of them: the audit passes only if it passed in each, and
-  **oversold** and duplicates are the largest of any round; the other columns are the kept
-  round's.
+  the contract (unanswered, `5xx`, `outcome_unknown`, `throttled`, another status) in bold.
+  What must hold in every round is taken from all of them: the audit passes only if it passed
+  in each, and **oversold** and duplicates are the largest of any round; the other columns are
+  the kept round's.
 """
 
 
