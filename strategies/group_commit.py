@@ -9,14 +9,15 @@ a lone grab runs at once, as a batch of one), and one transaction serves the bat
    batch's users already hold a packet as a subquery of the same statement (one round trip);
 2. the amounts, drawn in order with allocation.draw; once nothing is left, the rest `sold_out`;
    the same user twice in the batch: one packet, the later click `already_grabbed`;
-3. one UPDATE of the surplus, one multi-row INSERT of the grab rows, COMMIT.
+3. one UPDATE of the surplus, one multi-row INSERT of the grab rows and COMMIT, sent as one
+   query (steps.GrabTransaction.commit_with_grabs: one round trip).
 
 A web request's own checks (its user's ban and throttle) are made for the whole batch in one
 Redis script run before the lookup (`checked_batch`, strategies/request_checks.py), instead of
 one round trip per request before it; a refused member takes no part in the transaction.
 
-What it locks: the activity row, once per batch, for four round trips (the row with the
-lookup, the UPDATE, the INSERT, the COMMIT). Every check is made under the row lock, which every
+What it locks: the activity row, once per batch, for two round trips (the row with the lookup;
+the writes with the COMMIT). Every check is made under the row lock, which every
 writer of the activity's grabs takes first; UNIQUE (activity, user) stays the last line.
 
 Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
@@ -48,10 +49,8 @@ from .steps import (
     after_duplicate,
     close_row_locked,
     grab_transaction,
-    insert_grab_rows,
     read_for_batch,
     refusal,
-    take_from_surplus,
     written_row,
 )
 
@@ -107,15 +106,10 @@ class GroupCommitStrategy(GrabStrategy):
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
         try:
-            with grab_transaction():
+            with grab_transaction() as transaction:
                 planned, rows = self.plan(activity_id, user_ids)
                 if rows:
-                    take_from_surplus(
-                        activity_id=activity_id,
-                        count=len(rows),
-                        cents=sum(row.cents for row in rows),
-                    )
-                    insert_grab_rows(activity_id=activity_id, rows=rows)
+                    transaction.commit_with_grabs(activity_id=activity_id, rows=rows)
         except IntegrityError as exc:
             # The members' grabs were looked up under the row lock, which every writer of this
             # activity's grabs holds: a member MySQL refuses is one that does not exist (a

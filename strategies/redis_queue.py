@@ -27,7 +27,7 @@ from redpack.models import Activity
 from .lua import script
 from .redis_state import RedisStateStrategy
 from .redis_state.keys import Keys, new_attempt, now_ms, parse_mark
-from .steps import GrabRow, record_grabs_raw, split_into_packets
+from .steps import GrabRow, commit_grabs_raw, split_into_packets
 
 
 class RedisQueueStrategy(RedisStateStrategy):
@@ -62,8 +62,7 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         cents, packet_id = parse_mark(reply[2].decode())
         row = GrabRow(user_id, cents, packet_id)
         cursor.execute("START TRANSACTION")
-        if not record_grabs_raw(cursor, activity_id=activity_id, rows=[row]):
+        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=[row]):
             # as write_grab: the packet Redis gave is not free in MySQL
             cursor.execute("ROLLBACK")
             raise RuntimeError(f"packet {packet_id} is not available at {cents} cents in MySQL")
-        cursor.execute("COMMIT")

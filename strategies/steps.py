@@ -11,7 +11,8 @@
   (t_redpack).
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
-- `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path.
+- `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path; its
+  `commit_with_grabs` ends it with a batch's decrement and INSERT, in one round trip.
 
 Every statement goes to the current activity's database (redpack/shards.py: `connection` and
 `atomic()` there), so a strategy runs unchanged on a shard.
@@ -23,7 +24,8 @@ want to update the row deadlock. So every writer takes the activity row exclusiv
 decrement, or SELECT … FOR UPDATE) before it inserts a detail. Claiming a pre-split packet
 changes its status, not its foreign key's index (activity_id) of its own (migration 0006), so a
 claim takes no lock on the activity row: a batch claims its packets first, and holds the
-activity's row only for the decrement, the insert and the commit (`record_grabs`).
+activity's row only for the decrement, the insert and the commit (`record_grabs`), which go to
+MySQL as one query (`GrabTransaction.commit_with_grabs`).
 """
 
 import re
@@ -53,11 +55,14 @@ Statement = tuple[str, list[Any]]
 
 
 @contextmanager
-def grab_transaction(turn: int | None = None, *, ask_known: bool = False) -> Iterator[None]:
+def grab_transaction(
+    turn: int | None = None, *, ask_known: bool = False
+) -> Iterator["GrabTransaction"]:
     """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
     autocommit off and on again around every transaction; anywhere else, or inside an outer
-    transaction, shards.atomic().
+    transaction, shards.atomic(). It yields a `GrabTransaction`, whose `commit_with_grabs` sends
+    the last writes and the COMMIT in one round trip.
 
     `turn`: an activity id; the transaction waits for that activity's turn in this process
     first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside
@@ -71,17 +76,18 @@ def grab_transaction(turn: int | None = None, *, ask_known: bool = False) -> Ite
     is closed, which ends the transaction too.
     """
     if turn is not None and not connection.in_atomic_block:
-        with turns.turn(turn, ask_known=ask_known), grab_transaction():
-            yield
+        with turns.turn(turn, ask_known=ask_known), grab_transaction() as transaction:
+            yield transaction
         return
     if connection.vendor != "mysql" or connection.in_atomic_block:
         with shards.atomic():
-            yield
+            yield GrabTransaction(None)
         return
     with _transaction_started() as cursor:
         holds.began()
+        transaction = GrabTransaction(cursor)
         try:
-            yield
+            yield transaction
         except BaseException:
             try:
                 cursor.execute("ROLLBACK")
@@ -89,7 +95,8 @@ def grab_transaction(turn: int | None = None, *, ask_known: bool = False) -> Ite
                 connection.close()
             raise
         else:
-            cursor.execute("COMMIT")
+            if not transaction.committed:
+                cursor.execute("COMMIT")
         finally:
             holds.released()
 
@@ -133,6 +140,60 @@ class GrabRow:
     user_id: int
     cents: int
     packet_id: int | None = None
+
+
+class GrabTransaction:
+    """What `grab_transaction` yields: the transaction, and its end with a batch's writes."""
+
+    def __init__(self, cursor: Any | None) -> None:
+        self.cursor = cursor  # of its own START TRANSACTION; None inside shards.atomic()
+        self.committed = False
+
+    def commit_with_grabs(self, *, activity_id: int, rows: list[GrabRow]) -> None:
+        """Take the rows' packets and cents from the surplus, insert the rows, and commit.
+
+        On MySQL, in the transaction's own START TRANSACTION, the three statements go in one
+        query (`commit_with_grabs_sql`): one round trip, so the activity's row, locked by the
+        decrement or before it, is held for that round trip only, not for three. Inside
+        shards.atomic(), take_from_surplus and insert_grab_rows; the block commits.
+
+        A statement that fails stops the rest: nothing is committed, and grab_transaction rolls
+        back. The connection dropped before the last reply: the outcome is unknown, as for any
+        COMMIT (`written_row`).
+        """
+        if self.cursor is None:
+            take_and_insert(activity_id=activity_id, rows=rows)
+            return
+        self.cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows))
+        holds.taken()
+        finish_results(self.cursor)
+        self.committed = True
+
+
+def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
+    """`GrabTransaction.commit_with_grabs`' query on MySQL: the surplus decrement, the INSERT and
+    COMMIT as one multi-statement query (mysqlclient allows them; its connections set
+    CLIENT_MULTI_STATEMENTS). Run it through a cursor, then `finish_results`.
+
+    The decrement has no condition beyond the primary key: MySQL runs the INSERT whatever
+    the UPDATE matched, so only a row the caller locked (or may lock unseen, since the INSERT's
+    foreign key needs the row to exist) may be decremented this way."""
+    take, take_params = take_from_surplus_sql(
+        activity_id=activity_id,
+        count=len(rows),
+        cents=sum(row.cents for row in rows),
+        version=None,
+        open_only=False,
+    )
+    insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows)
+    return f"{take}; {insert}; COMMIT", take_params + insert_params
+
+
+def finish_results(cursor: Any) -> None:
+    """Read the replies of a multi-statement query's later statements: the error of one that
+    failed is raised here (Django's cursor wraps it as for execute)."""
+    while cursor.nextset():
+        pass
 
 
 def refusal(
@@ -412,42 +473,51 @@ def record_grab_raw(
     cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=[row]))
 
 
-def record_grabs(*, activity_id: int, rows: list[GrabRow]) -> bool:
+def record_grabs(
+    *, activity_id: int, rows: list[GrabRow], commit: GrabTransaction | None = None
+) -> bool:
     """A batch's writes, as the Redis strategies' group commit makes them (redis_state/rows.py
     `write_grabs`): for pre-split packets one claim of them all, first, before the activity row
     (the lock order above: the row is held for the rest only); then the surplus once and the
     grab rows in one INSERT. False when a packet was not available (nothing decremented; the
     caller's transaction must then roll back). Call it inside a transaction; the request-time
     batches call it before their transaction holds the activity row (the persister's holds it
-    already). The same statements as `record_grabs_raw` (the `*_sql` functions), here through
-    the service's connection, where the surplus decrement also starts the row-lock hold's
-    clock (holds.py)."""
+    already).
+
+    `commit`: the grab_transaction it runs in, which the surplus and the INSERT then end with
+    their COMMIT (`GrabTransaction.commit_with_grabs`: on MySQL one round trip, the only one that
+    holds the activity's row). The same statements as `commit_grabs_raw` (the `*_sql`
+    functions), here through the service's connection, where the surplus decrement also
+    starts the row-lock hold's clock (holds.py)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims and not claim_packets(activity_id=activity_id, rows=claims):
         return False
-    take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
-    insert_grab_rows(activity_id=activity_id, rows=rows)
+    if commit is not None:
+        commit.commit_with_grabs(activity_id=activity_id, rows=rows)
+    else:
+        take_and_insert(activity_id=activity_id, rows=rows)
     return True
 
 
-def record_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
-    """`record_grabs`'s statements on a plain DB-API cursor (MySQL; a strategy's raw_batch),
-    without the service's meters."""
+def take_and_insert(*, activity_id: int, rows: list[GrabRow]) -> None:
+    """The rows' packets and cents taken from the surplus (one unconditional decrement), then
+    the rows inserted: two statements, in the caller's transaction."""
+    take_from_surplus(activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows))
+    insert_grab_rows(activity_id=activity_id, rows=rows)
+
+
+def commit_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
+    """`record_grabs` with its `commit`, on a plain DB-API cursor (MySQL; a strategy's raw_grab
+    or raw_batch) inside START TRANSACTION, without the service's meters: the claim, then the
+    surplus, the INSERT and COMMIT in one round trip. False when a packet was not available
+    (nothing decremented, nothing committed: the caller rolls back)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims:
         cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
         if cursor.rowcount != len(claims):
             return False
-    cursor.execute(
-        *take_from_surplus_sql(
-            activity_id=activity_id,
-            count=len(rows),
-            cents=sum(row.cents for row in rows),
-            version=None,
-            open_only=False,
-        )
-    )
-    cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows))
+    cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows))
+    finish_results(cursor)
     return True
 
 

@@ -4,7 +4,9 @@
 - `drop_reply(trigger, times=1)`: the next request whose bytes contain `trigger` is forwarded,
   its reply is read from the server (so the server surely acted on it) and thrown away, and the
   connection is closed: the client sees the connection drop with the outcome unknown. For
-  Redis, trigger on a script's SHA1 (its EVALSHA); for MariaDB, on b"COMMIT".
+  Redis, trigger on a script's SHA1 (its EVALSHA); for MariaDB, on b"COMMIT". A MariaDB reply
+  is read whole (`mysql_reply_done`): a multi-statement query ending in COMMIT gets one reply per
+  statement, and the proxy closes only once the last one arrived.
   With `then_cut`, the proxy is cut (as `cut()`) before the client learns of the drop: asking
   the server what happened fails too.
 - `cut_before(trigger, times=1)`: the connection is closed instead of forwarding the request:
@@ -19,6 +21,7 @@ mysqlclient) send each command in one write, small enough for one read.
 
 import socket
 import threading
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 
@@ -34,8 +37,13 @@ class _Fault:
 
 
 class FaultProxy:
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(
+        self, target: tuple[str, int], *, reply_done: Callable[[bytes], bool] = lambda _: True
+    ) -> None:
+        """`reply_done(bytes)`: whether the bytes read from the server hold a whole reply (the
+        default: any bytes do, right for Redis's one-line replies)."""
         self.target = target
+        self.reply_done = reply_done
         self.port = free_port()
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
@@ -129,9 +137,13 @@ class FaultProxy:
     def _replies(
         self, upstream: socket.socket, client: socket.socket, swallow: list[_Fault]
     ) -> None:
+        swallowed = b""
         try:
             while data := upstream.recv(65536):
                 if swallow:  # the server acted and answered; the client never hears it
+                    swallowed += data
+                    if not self.reply_done(swallowed):
+                        continue
                     if swallow[0].then_cut:
                         self.cut()
                     break
@@ -140,6 +152,32 @@ class FaultProxy:
             pass
         _close(client)
         _close(upstream)
+
+
+def mysql_reply_done(data: bytes) -> bool:
+    """Whether `data` holds MariaDB's whole reply to a query: an error packet, a packet of rows
+    (the proxy drops replies only to writes, so rows are not followed further), or an OK packet
+    without SERVER_MORE_RESULTS_EXISTS (the last statement's of a multi-statement query)."""
+    at = 0
+    while at + 4 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "little")
+        body = data[at + 4 : at + 4 + length]
+        if len(body) < length:
+            return False
+        at += 4 + length
+        if body[:1] != b"\x00":
+            return True
+        field = 1
+        for _ in range(2):  # affected rows, last insert id: length-encoded integers
+            field += _LENGTH_ENCODED.get(body[field], 1)
+        status = int.from_bytes(body[field : field + 2], "little")
+        if not status & _SERVER_MORE_RESULTS_EXISTS:
+            return True
+    return False
+
+
+_LENGTH_ENCODED = {0xFC: 3, 0xFD: 4, 0xFE: 9}  # first byte -> the integer's bytes in all
+_SERVER_MORE_RESULTS_EXISTS = 0x0008
 
 
 def _close(sock: socket.socket) -> None:

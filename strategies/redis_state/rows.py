@@ -22,10 +22,10 @@ from ..lua import script
 from ..steps import (
     GrabRow,
     after_duplicate,
+    commit_grabs_raw,
     grab_transaction,
     held_marks,
     record_grabs,
-    record_grabs_raw,
     written_row,
 )
 from .keys import Keys, parse_mark
@@ -67,8 +67,8 @@ def write_grabs(*, activity_id: int, grabs: list[Won]) -> list[GrabResult | Exce
     if len(grabs) > 1:
         rows = [GrabRow(grab.user_id, *parse_mark(grab.mark)) for grab in grabs]
         try:
-            with grab_transaction():
-                if not record_grabs(activity_id=activity_id, rows=rows):
+            with grab_transaction() as transaction:
+                if not record_grabs(activity_id=activity_id, rows=rows, commit=transaction):
                     raise PacketTaken.among(rows)
         except Exception as exc:  # noqa: BLE001 - settled grab by grab below
             logger.info(
@@ -110,12 +110,11 @@ def write_grabs_raw(
     rows = [GrabRow(*grab) for grab in grabs]
     cursor.execute("START TRANSACTION")
     try:
-        if not record_grabs_raw(cursor, activity_id=activity_id, rows=rows):
+        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=rows):
             raise PacketTaken.among(rows)
     except BaseException:
         cursor.execute("ROLLBACK")
         raise
-    cursor.execute("COMMIT")
 
 
 def write_grab(
@@ -138,8 +137,8 @@ def write_grab(
     this_grab = GrabRow(user_id, cents, packet_id)
     won = GrabResult(Outcome.ALREADY_GRABBED if adopted else Outcome.GRABBED, cents)
     try:
-        with grab_transaction(turn=activity_id):
-            if not record_grabs(activity_id=activity_id, rows=[this_grab]):
+        with grab_transaction(turn=activity_id) as transaction:
+            if not record_grabs(activity_id=activity_id, rows=[this_grab], commit=transaction):
                 raise PacketTaken(packet_id)
     except (PacketTaken, IntegrityError) as exc:
         held = held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django_redis import get_redis_connection
 from redis.exceptions import ResponseError
 
@@ -23,6 +24,7 @@ from redpack.money import to_cents
 from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.redis_state.keys import Keys, new_attempt
+from strategies.steps import GrabTransaction
 from tests import servers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,6 +120,31 @@ def test_a_member_mysql_refuses_gets_its_own_answer_and_the_others_their_packets
         second.pk: answers[2].amount_cents,  # type: ignore[union-attr]
     }
     assert_consistent(activity)  # the refused member's packet went back to Redis
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_it(
+    strategy, make_users, sender
+):
+    """The surplus UPDATE, the rows' INSERT and COMMIT go to MySQL as one query
+    (steps.GrabTransaction.commit_with_grabs): group_commit's lookup locks the row and that
+    query follows it; the Redis strategies' UPDATE takes the row in that query itself."""
+    activity = send(sender, strategy)
+    users = make_users(2)
+    with CaptureQueriesContext(connection) as queries:
+        answers = run_batch(strategy, activity.pk, [u.pk for u in users])
+    assert [a.outcome for a in answers] == [Outcome.GRABBED] * 2  # type: ignore[attr-defined]
+    sql = [q["sql"] for q in queries.captured_queries]
+    last = sql[-1]
+    assert last.startswith(f"UPDATE {Activity._meta.db_table} "), sql
+    assert f"; INSERT INTO {GrabDetail._meta.db_table} " in last and last.endswith("; COMMIT")
+    assert "COMMIT" not in sql[:-1]
+    if strategy == "group_commit":
+        assert sql[-2].endswith("FOR UPDATE")
+    else:  # the row is taken by the last query: nothing before it touches the activity row
+        assert not any(Activity._meta.db_table in q for q in sql[:-1]), sql
+    assert rows_of(activity) == {u.pk: a.amount_cents for u, a in zip(users, answers, strict=True)}  # type: ignore[attr-defined]
+    assert_consistent(activity)
 
 
 @pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
@@ -254,16 +281,16 @@ def test_a_batch_looks_its_members_up_under_the_row_lock(make_users, sender, mon
     activity = send(sender, "group_commit")
     first, second = make_users(2)
     inserts: list[object] = []
-    insert = group_commit.insert_grab_rows
+    write = GrabTransaction.commit_with_grabs
 
-    def counted_insert(**kwargs):  # type: ignore[no-untyped-def]
+    def counted_write(self, **kwargs):  # type: ignore[no-untyped-def]
         inserts.append(kwargs["rows"])
-        return insert(**kwargs)
+        return write(self, **kwargs)
 
     def not_alone(*args):  # type: ignore[no-untyped-def]
         raise AssertionError("a member was run again alone: the lookup missed a grab")
 
-    monkeypatch.setattr(group_commit, "insert_grab_rows", counted_insert)
+    monkeypatch.setattr(GrabTransaction, "commit_with_grabs", counted_write)
     monkeypatch.setattr(group_commit.GroupCommitStrategy, "alone", not_alone)
     other = connections.create_connection("default")  # another process, as far as MySQL knows
     batch_connection: list[int] = []
