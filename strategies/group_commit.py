@@ -109,7 +109,9 @@ class GroupCommitStrategy(GrabStrategy):
             with grab_transaction() as transaction:
                 planned, rows = self.plan(activity_id, user_ids)
                 if rows:
-                    transaction.commit_with_grabs(activity_id=activity_id, rows=rows)
+                    transaction.commit_with_grabs(
+                        activity_id=activity_id, rows=rows, row_locked=True
+                    )
         except IntegrityError as exc:
             # The members' grabs were looked up under the row lock, which every writer of this
             # activity's grabs holds: a member MySQL refuses is one that does not exist (a

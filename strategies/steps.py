@@ -12,7 +12,7 @@
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
 - `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path; its
-  `commit_with_grabs` ends it with a batch's decrement and INSERT, in one round trip.
+  `commit_with_grabs` ends it with a batch's INSERT sent with the COMMIT, in one round trip.
 
 Every statement goes to the current activity's database (redpack/shards.py: `connection` and
 `atomic()` there), so a strategy runs unchanged on a shard.
@@ -24,8 +24,8 @@ want to update the row deadlock. So every writer takes the activity row exclusiv
 decrement, or SELECT … FOR UPDATE) before it inserts a detail. Claiming a pre-split packet
 changes its status, not its foreign key's index (activity_id) of its own (migration 0006), so a
 claim takes no lock on the activity row: a batch claims its packets first, and holds the
-activity's row only for the decrement, the insert and the commit (`record_grabs`), which go to
-MySQL as one query (`GrabTransaction.commit_with_grabs`).
+activity's row only for the decrement, the insert and the commit (`record_grabs`); the insert
+and the commit go to MySQL as one query (`GrabTransaction.commit_with_grabs`).
 """
 
 import re
@@ -149,35 +149,56 @@ class GrabTransaction:
         self.cursor = cursor  # of its own START TRANSACTION; None inside shards.atomic()
         self.committed = False
 
-    def commit_with_grabs(self, *, activity_id: int, rows: list[GrabRow]) -> None:
+    def commit_with_grabs(
+        self, *, activity_id: int, rows: list[GrabRow], row_locked: bool = False
+    ) -> None:
         """Take the rows' packets and cents from the surplus, insert the rows, and commit.
 
-        On MySQL, in the transaction's own START TRANSACTION, the three statements go in one
-        query (`commit_with_grabs_sql`): one round trip, so the activity's row, locked by the
-        decrement or before it, is held for that round trip only, not for three. Inside
-        shards.atomic(), take_from_surplus and insert_grab_rows; the block commits.
+        On MySQL, in the transaction's own START TRANSACTION, the statements that end it go as
+        one multi-statement query with the COMMIT (`commit_with_grabs_sql`): each statement
+        folded in is a round trip fewer under the activity's row lock. Inside shards.atomic(),
+        take_from_surplus and insert_grab_rows; the block commits.
 
-        A statement that fails stops the rest: nothing is committed, and grab_transaction rolls
-        back. The connection dropped before the last reply: the outcome is unknown, as for any
-        COMMIT (`written_row`).
+        That query is sent only while this transaction holds the activity's row. If the
+        connection drops before MySQL has even read it (a network path that gave up on the
+        client's side), MySQL may still run it, COMMIT and all; `written_row`, which asks
+        behind the row's lock, then waits for it, and its answer stays final. So `row_locked`
+        (the caller's lookup locked the row: group_commit) sends the decrement in the query;
+        otherwise the decrement goes first, on its own, and takes the row, and the INSERT and
+        COMMIT follow in one query.
+
+        A statement that fails stops the ones after it: nothing is committed, and
+        grab_transaction rolls back. The connection dropped before the last reply: the outcome
+        is unknown, as for any COMMIT (`written_row`).
         """
+        if self.committed or not rows:
+            raise RuntimeError("a grab transaction commits once, with at least one row")
         if self.cursor is None:
             take_and_insert(activity_id=activity_id, rows=rows)
             return
-        self.cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows))
+        if not row_locked:
+            take_from_surplus(
+                activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
+            )
+        self.cursor.execute(
+            *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
+        )
         holds.taken()
         finish_results(self.cursor)
         self.committed = True
 
 
-def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
-    """`GrabTransaction.commit_with_grabs`' query on MySQL: the surplus decrement, the INSERT and
-    COMMIT as one multi-statement query (mysqlclient allows them; its connections set
-    CLIENT_MULTI_STATEMENTS). Run it through a cursor, then `finish_results`.
+def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow], decrement: bool) -> Statement:
+    """`GrabTransaction.commit_with_grabs`' query on MySQL: with `decrement` the surplus
+    UPDATE, then the INSERT and COMMIT, as one multi-statement query (mysqlclient allows them;
+    its connections set CLIENT_MULTI_STATEMENTS). Run it through a cursor, then
+    `finish_results`.
 
-    The decrement has no condition beyond the primary key: MySQL runs the INSERT whatever
-    the UPDATE matched, so only a row the caller locked (or may lock unseen, since the INSERT's
-    foreign key needs the row to exist) may be decremented this way."""
+    The decrement has no condition beyond the primary key: MySQL runs the INSERT whatever the
+    UPDATE matched, so only a row the transaction holds locked may be decremented this way."""
+    insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows)
+    if not decrement:
+        return f"{insert}; COMMIT", insert_params
     take, take_params = take_from_surplus_sql(
         activity_id=activity_id,
         count=len(rows),
@@ -185,15 +206,20 @@ def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement
         version=None,
         open_only=False,
     )
-    insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows)
     return f"{take}; {insert}; COMMIT", take_params + insert_params
 
 
 def finish_results(cursor: Any) -> None:
     """Read the replies of a multi-statement query's later statements: the error of one that
-    failed is raised here (Django's cursor wraps it as for execute)."""
-    while cursor.nextset():
-        pass
+    failed is raised here, as Django's cursor raises it from execute (wrapped, and a
+    constraint MySQL reports as OperationalError raised as IntegrityError)."""
+    try:
+        while cursor.nextset():
+            pass
+    except OperationalError as exc:
+        if dberrors.code(exc) in getattr(cursor, "codes_for_integrityerror", ()):
+            raise IntegrityError(*exc.args) from exc
+        raise
 
 
 def refusal(
@@ -484,11 +510,11 @@ def record_grabs(
     batches call it before their transaction holds the activity row (the persister's holds it
     already).
 
-    `commit`: the grab_transaction it runs in, which the surplus and the INSERT then end with
-    their COMMIT (`GrabTransaction.commit_with_grabs`: on MySQL one round trip, the only one that
-    holds the activity's row). The same statements as `commit_grabs_raw` (the `*_sql`
-    functions), here through the service's connection, where the surplus decrement also
-    starts the row-lock hold's clock (holds.py)."""
+    `commit`: the grab_transaction it runs in, which the INSERT then ends with its COMMIT
+    (`GrabTransaction.commit_with_grabs`: on MySQL the decrement takes the activity's row, and
+    one more round trip, the INSERT and COMMIT together, releases it). The same statements as
+    `commit_grabs_raw` (the `*_sql` functions), here through the service's connection, where
+    the surplus decrement also starts the row-lock hold's clock (holds.py)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims and not claim_packets(activity_id=activity_id, rows=claims):
         return False
@@ -508,15 +534,25 @@ def take_and_insert(*, activity_id: int, rows: list[GrabRow]) -> None:
 
 def commit_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
     """`record_grabs` with its `commit`, on a plain DB-API cursor (MySQL; a strategy's raw_grab
-    or raw_batch) inside START TRANSACTION, without the service's meters: the claim, then the
-    surplus, the INSERT and COMMIT in one round trip. False when a packet was not available
-    (nothing decremented, nothing committed: the caller rolls back)."""
+    or raw_batch) inside START TRANSACTION, without the service's meters: the claim, the
+    surplus (which takes the activity's row), then the INSERT and COMMIT in one round trip.
+    False when a packet was not available (nothing decremented, nothing committed: the caller
+    rolls back)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims:
         cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
         if cursor.rowcount != len(claims):
             return False
-    cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows))
+    cursor.execute(
+        *take_from_surplus_sql(
+            activity_id=activity_id,
+            count=len(rows),
+            cents=sum(row.cents for row in rows),
+            version=None,
+            open_only=False,
+        )
+    )
+    cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=False))
     finish_results(cursor)
     return True
 

@@ -11,6 +11,10 @@
   the server what happened fails too.
 - `cut_before(trigger, times=1)`: the connection is closed instead of forwarding the request:
   the server never sees it.
+- `hold(trigger)`: the client's side of the connection is closed at once (it sees the drop, the
+  outcome unknown) while the request waits in the proxy; `let_held_through()` then forwards it
+  to the server, which acts on it later than the client gave up (a request still in flight, as
+  through a proxy or a network path the client's side timed out of), and waits for its reply.
 
 `RoundRobinProxy` spreads connections over several servers in turn (two web servers behind one
 address, as behind nginx or HAProxy).
@@ -23,7 +27,7 @@ import socket
 import threading
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tests.servers import free_port
 
@@ -34,6 +38,9 @@ class _Fault:
     times: int
     forward: bool  # drop the reply (True) or cut before the request reaches the server
     then_cut: bool = False
+    hold: bool = False  # forward only when let through, after the client saw the drop
+    held: tuple[socket.socket, bytes] | None = None  # the server's side and the request
+    answered: threading.Event = field(default_factory=threading.Event)  # its reply read whole
 
 
 class FaultProxy:
@@ -49,6 +56,7 @@ class FaultProxy:
         self.lock = threading.Lock()
         self.listening = threading.Event()
         self.fault: _Fault | None = None
+        self.holding: _Fault | None = None  # armed by hold(), until let through
         self.fired = 0  # faults injected so far
         self.restore()
 
@@ -78,6 +86,26 @@ class FaultProxy:
     def cut_before(self, trigger: bytes, times: int = 1) -> None:
         with self.lock:
             self.fault = _Fault(trigger, times, forward=False)
+
+    def hold(self, trigger: bytes) -> None:
+        with self.lock:
+            self.fault = _Fault(trigger, 1, forward=True, hold=True)
+            self.holding = self.fault
+
+    def holds_a_request(self) -> bool:
+        """Whether the request armed by `hold` arrived and waits in the proxy."""
+        with self.lock:
+            return self.holding is not None and self.holding.held is not None
+
+    def let_held_through(self, timeout: float = 30) -> None:
+        """Forward the held request and wait until the server has answered it (the answer is
+        thrown away: the client is gone)."""
+        with self.lock:
+            fault, self.holding = self.holding, None
+        assert fault is not None and fault.held is not None, "no request is held"
+        upstream, data = fault.held
+        upstream.sendall(data)
+        assert fault.answered.wait(timeout), "the server did not answer the held request"
 
     def heal(self) -> None:
         """No more faults (those armed and not yet fired are forgotten)."""
@@ -123,6 +151,12 @@ class FaultProxy:
                 fault = self._take_fault(data)
                 if fault is None:
                     upstream.sendall(data)
+                elif fault.hold:
+                    swallow.append(fault)  # its reply, once let through, is read and dropped
+                    with self.lock:
+                        fault.held = (upstream, data)
+                    _close(client)  # the client sees the drop; the server has not seen this
+                    return
                 elif fault.forward:
                     swallow.append(fault)  # before the server can answer
                     upstream.sendall(data)
@@ -146,6 +180,7 @@ class FaultProxy:
                         continue
                     if swallow[0].then_cut:
                         self.cut()
+                    swallow[0].answered.set()
                     break
                 client.sendall(data)
         except OSError:

@@ -126,23 +126,25 @@ def test_a_member_mysql_refuses_gets_its_own_answer_and_the_others_their_packets
 def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_it(
     strategy, make_users, sender
 ):
-    """The surplus UPDATE, the rows' INSERT and COMMIT go to MySQL as one query
-    (steps.GrabTransaction.commit_with_grabs): group_commit's lookup locks the row and that
-    query follows it; the Redis strategies' UPDATE takes the row in that query itself."""
+    """The query that commits carries the writes made after the row was taken
+    (steps.GrabTransaction.commit_with_grabs): group_commit's lookup locks the row, then the
+    surplus UPDATE, the INSERT and COMMIT go as one query; the Redis strategies' UPDATE takes
+    the row, then the INSERT and COMMIT go as one query."""
     activity = send(sender, strategy)
     users = make_users(2)
     with CaptureQueriesContext(connection) as queries:
         answers = run_batch(strategy, activity.pk, [u.pk for u in users])
     assert [a.outcome for a in answers] == [Outcome.GRABBED] * 2  # type: ignore[attr-defined]
     sql = [q["sql"] for q in queries.captured_queries]
-    last = sql[-1]
-    assert last.startswith(f"UPDATE {Activity._meta.db_table} "), sql
-    assert f"; INSERT INTO {GrabDetail._meta.db_table} " in last and last.endswith("; COMMIT")
-    assert "COMMIT" not in sql[:-1]
+    activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
+    *before, took, last = sql
+    assert f"INSERT INTO {details} " in last and last.endswith("; COMMIT"), sql
+    assert "COMMIT" not in before + [took], sql
     if strategy == "group_commit":
-        assert sql[-2].endswith("FOR UPDATE")
-    else:  # the row is taken by the last query: nothing before it touches the activity row
-        assert not any(Activity._meta.db_table in q for q in sql[:-1]), sql
+        assert took.endswith("FOR UPDATE") and last.startswith(f"UPDATE {activities} "), sql
+    else:
+        assert took.startswith(f"UPDATE {activities} ") and last.startswith("INSERT"), sql
+    assert not any(f"{activities} " in q for q in before), sql  # the row is free until `took`
     assert rows_of(activity) == {u.pk: a.amount_cents for u, a in zip(users, answers, strict=True)}  # type: ignore[attr-defined]
     assert_consistent(activity)
 

@@ -1,10 +1,12 @@
-"""Lost replies and in-doubt commits on the Redis strategies, through a fault-injecting TCP proxy
-in front of the real Redis or MariaDB (tests/faults.py): a grab is never invented, stranded in
-Redis or lost, and a user never ends up with two rows."""
+"""Lost replies and in-doubt commits on the Redis strategies (and `group_commit`, where they share
+its write), through a fault-injecting TCP proxy in front of the real Redis or MariaDB
+(tests/faults.py): a grab is never invented, stranded in Redis or lost, and a user never ends
+up with two rows."""
 
 import threading
 from decimal import Decimal
 
+import MySQLdb
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
@@ -20,6 +22,8 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 from strategies.redis_state import RedisStateStrategy
+from tests import servers
+from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,6 +140,59 @@ def test_a_commit_that_never_reached_mysql_is_given_back(strategy, mysql_proxy, 
     assert retry.outcome is Outcome.GRABBED
     assert settled_rows(activity) == {user.pk: retry.amount_cents}
     assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", [*SYNC, "group_commit"])
+def test_a_write_mysql_runs_after_the_client_gave_up_on_it_is_what_the_grab_answers(
+    strategy, mysql_proxy, make_users, sender
+):
+    """The connection drops before MySQL has read the grab's last query, the one with COMMIT
+    (still in flight on the network: the proxy holds it), and MySQL runs it later. The grab asks
+    MySQL what it holds behind the activity's row lock (steps.written_row), which its
+    transaction holds when it sends that query: the question waits for the write, and the
+    answer is the row."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    mysql_proxy.hold(b"; COMMIT")  # the query that ends the grab's transaction
+    answers: list[object] = []
+
+    def grab() -> None:
+        try:
+            answers.append(services.activity_grab(activity_id=activity.pk, user_id=user.pk))
+        except Exception as exc:  # noqa: BLE001 - an error is an answer too
+            answers.append(exc)
+        finally:
+            connection.close()
+
+    grabber = threading.Thread(target=grab)
+    grabber.start()
+    servers.wait_for(mysql_proxy.holds_a_request, "the grab's last query, held")
+    servers.wait_for(
+        lambda: not grabber.is_alive() or lock_waits(mysql_proxy) > 0,
+        "the grab's answer, or its question to MySQL waiting for the row",
+    )
+    mysql_proxy.let_held_through()
+    grabber.join(60)
+
+    assert not grabber.is_alive()
+    rows = settled_rows(activity)
+    assert answers == [GrabResult(Outcome.GRABBED, rows[user.pk])]
+    assert_consistent(activity)
+
+
+def lock_waits(proxy: FaultProxy) -> int:
+    """Transactions waiting for a lock, asked past the proxy."""
+    db = connection.settings_dict
+    host, port = proxy.target
+    direct = MySQLdb.connect(host=host, port=port, user=db["USER"], password=db["PASSWORD"])
+    try:
+        cursor = direct.cursor()
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+        )
+        return int(cursor.fetchone()[0])
+    finally:
+        direct.close()
 
 
 def test_the_outcome_stays_unknown_while_mysql_cannot_be_asked(mysql_proxy, make_users, sender):

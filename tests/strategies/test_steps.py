@@ -4,7 +4,7 @@ packets are claimed all or none, and the values written inline are exactly the g
 from decimal import Decimal
 
 import pytest
-from django.db import close_old_connections, connection, connections, transaction
+from django.db import IntegrityError, close_old_connections, connection, connections, transaction
 
 from redpack import selectors, services
 from redpack.models import GrabDetail, Packet, PacketStatus
@@ -190,3 +190,24 @@ def test_a_grab_transaction_pings_no_server_and_reopens_a_connection_that_died(
     assert sorted(written) == sorted(
         [(first.pk, written.get(user_id=first.pk)[1]), (second.pk, from_cents(result.amount_cents))]
     )
+
+
+@pytest.mark.parametrize("row_locked", [True, False])
+def test_a_constraint_the_grab_write_breaks_is_an_integrity_error_and_nothing_commits(
+    row_locked, make_users, sender
+):
+    """The INSERT of a grab row below one cent breaks a CHECK, which MySQL reports as an
+    OperationalError: from the second statement of the query (read by nextset, row_locked) as
+    from the first, the caller gets IntegrityError, as Django raises it from execute, and the
+    decrement before it is rolled back."""
+    activity, _ = packets_of(sender, 3)
+    (user,) = make_users(1)
+    with pytest.raises(IntegrityError), steps.grab_transaction() as transaction:
+        if row_locked:
+            steps.read_for_batch(activity_id=activity.pk, user_ids=[user.pk])
+        transaction.commit_with_grabs(
+            activity_id=activity.pk, rows=[GrabRow(user.pk, 0)], row_locked=row_locked
+        )
+    activity.refresh_from_db()
+    assert (activity.surplus_count, activity.surplus_amount) == (3, Decimal("10.00"))
+    assert not GrabDetail.objects.filter(activity=activity).exists()
