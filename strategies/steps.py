@@ -62,7 +62,7 @@ def grab_transaction(
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
     autocommit off and on again around every transaction; anywhere else, or inside an outer
     transaction, shards.atomic(). It yields a `GrabTransaction`, whose `commit_with_grabs` sends
-    the last writes and the COMMIT in one round trip.
+    the writes made once the activity's row is held in one query with the COMMIT.
 
     `turn`: an activity id; the transaction waits for that activity's turn in this process
     first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside

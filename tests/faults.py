@@ -15,6 +15,8 @@
   outcome unknown) while the request waits in the proxy; `let_held_through()` then forwards it
   to the server, which acts on it later than the client gave up (a request still in flight, as
   through a proxy or a network path the client's side timed out of), and waits for its reply.
+  What is held is the read that holds the trigger (as for every fault here, a request sent in
+  one write, small enough for one read).
 
 `RoundRobinProxy` spreads connections over several servers in turn (two web servers behind one
 address, as behind nginx or HAProxy).

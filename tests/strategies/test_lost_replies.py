@@ -181,14 +181,17 @@ def test_a_write_mysql_runs_after_the_client_gave_up_on_it_is_what_the_grab_answ
 
 
 def lock_waits(proxy: FaultProxy) -> int:
-    """Transactions waiting for a lock, asked past the proxy."""
+    """Locking reads of this test's database waiting for a lock, asked past the proxy."""
     db = connection.settings_dict
     host, port = proxy.target
     direct = MySQLdb.connect(host=host, port=port, user=db["USER"], password=db["PASSWORD"])
     try:
         cursor = direct.cursor()
         cursor.execute(
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t"
+            " JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id"
+            " WHERE t.trx_state = 'LOCK WAIT' AND p.DB = %s AND t.trx_query LIKE %s",
+            [db["NAME"], "%FOR UPDATE%"],
         )
         return int(cursor.fetchone()[0])
     finally:
