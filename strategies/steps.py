@@ -183,7 +183,6 @@ class GrabTransaction:
         self.cursor.execute(
             *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
         )
-        holds.taken()
         finish_results(self.cursor)
         self.committed = True
 
@@ -199,14 +198,20 @@ def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow], decrement: b
     insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows)
     if not decrement:
         return f"{insert}; COMMIT", insert_params
-    take, take_params = take_from_surplus_sql(
+    take, take_params = batch_decrement_sql(activity_id=activity_id, rows=rows)
+    return f"{take}; {insert}; COMMIT", take_params + insert_params
+
+
+def batch_decrement_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
+    """The surplus decrement of a batch's rows, by primary key and nothing else
+    (`take_from_surplus_sql`), as the batched writes send it."""
+    return take_from_surplus_sql(
         activity_id=activity_id,
         count=len(rows),
         cents=sum(row.cents for row in rows),
         version=None,
         open_only=False,
     )
-    return f"{take}; {insert}; COMMIT", take_params + insert_params
 
 
 def finish_results(cursor: Any) -> None:
@@ -543,15 +548,7 @@ def commit_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> b
         cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
         if cursor.rowcount != len(claims):
             return False
-    cursor.execute(
-        *take_from_surplus_sql(
-            activity_id=activity_id,
-            count=len(rows),
-            cents=sum(row.cents for row in rows),
-            version=None,
-            open_only=False,
-        )
-    )
+    cursor.execute(*batch_decrement_sql(activity_id=activity_id, rows=rows))
     cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=False))
     finish_results(cursor)
     return True
