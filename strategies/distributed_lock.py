@@ -45,6 +45,7 @@ from .steps import (
     GrabRow,
     after_duplicate,
     close_row_locked,
+    execute_raw,
     grab_transaction,
     read_for_grab,
     read_for_grab_sql,
@@ -145,8 +146,8 @@ class DistributedLockStrategy(GrabStrategy):
         if not lock.acquire():
             raise RuntimeError(f"lock {lock.name} not acquired")
         try:
-            cursor.execute("START TRANSACTION")
-            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False))
+            read = read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=False)
+            execute_raw(cursor, read, begin=True)
             version = cursor.fetchone()[5]
             row = GrabRow(user_id, 100)
             record_grab_raw(cursor, activity_id=activity_id, row=row, version=version)

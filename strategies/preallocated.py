@@ -43,6 +43,7 @@ from .steps import (
     claim_packet,
     claim_packet_sql,
     close_row_locked,
+    execute_raw,
     grab_transaction,
     read_for_grab,
     read_for_grab_sql,
@@ -101,8 +102,8 @@ class PreallocatedStrategy(GrabStrategy):
             assert pivot is not None
             cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=1))
             packet_id, version, amount = cursor.fetchone()
-            cursor.execute("START TRANSACTION")
-            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
+            lock = read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True)
+            execute_raw(cursor, lock, begin=True)
             cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
             if cursor.rowcount == 1:
                 break

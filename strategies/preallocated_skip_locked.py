@@ -45,6 +45,7 @@ from .steps import (
     after_duplicate,
     claim_packet,
     claim_packet_sql,
+    execute_raw,
     grab_transaction,
     read_for_grab,
     read_for_grab_sql,
@@ -108,8 +109,7 @@ class SkipLockedStrategy(PreallocatedStrategy):
         assert pivot is not None
         cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=WINDOW))
         window = [row[0] for row in cursor.fetchall()]
-        cursor.execute("START TRANSACTION")
-        cursor.execute(*lock_first_free_sql(*in_window(window)))
+        execute_raw(cursor, lock_first_free_sql(*in_window(window)), begin=True)
         packet = cursor.fetchone()
         if packet is None:
             cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))

@@ -61,8 +61,7 @@ class RedisQueueSingleStrategy(RedisQueueStrategy):
         )
         cents, packet_id = parse_mark(reply[2].decode())
         row = GrabRow(user_id, cents, packet_id)
-        cursor.execute("START TRANSACTION")
-        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=[row]):
+        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=[row], begin=True):
             # as write_grab: the packet Redis gave is not free in MySQL
             cursor.execute("ROLLBACK")
             raise RuntimeError(f"packet {packet_id} is not available at {cents} cents in MySQL")

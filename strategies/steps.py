@@ -29,8 +29,8 @@ and the commit go to MySQL as one query (`GrabTransaction.commit_with_grabs`).
 """
 
 import re
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -60,9 +60,11 @@ def grab_transaction(
 ) -> Iterator["GrabTransaction"]:
     """One transaction for a grab's statements: on MySQL, START TRANSACTION … COMMIT on the
     connection as it is (autocommit), two round trips fewer than Django's atomic(), which turns
-    autocommit off and on again around every transaction; anywhere else, or inside an outer
-    transaction, shards.atomic(). It yields a `GrabTransaction`, whose `commit_with_grabs` sends
-    the writes made once the activity's row is held in one query with the COMMIT.
+    autocommit off and on again around every transaction, and START TRANSACTION sent with the
+    transaction's first statement, in its query (`GrabTransaction.begin_with`), one more round
+    trip fewer; anywhere else, or inside an outer transaction, shards.atomic(). It yields a
+    `GrabTransaction`, whose `commit_with_grabs` sends the writes made once the activity's row
+    is held in one query with the COMMIT.
 
     `turn`: an activity id; the transaction waits for that activity's turn in this process
     first (turns.py), for a one-grab transaction that takes the activity's row lock. Not inside
@@ -71,9 +73,11 @@ def grab_transaction(
     has written nothing and holds no lock before it (see turns.turn).
 
     Inside, use only statements that open no transaction of their own (the raw ones of this
-    module, ORM reads and QuerySet.update). A failed COMMIT propagates: its outcome is unknown
-    (see `written_row`). ROLLBACK on any other error; a connection that cannot even roll back
-    is closed, which ends the transaction too.
+    module, ORM reads and QuerySet.update), through the activity's connection (every Django
+    cursor of it: the first one's statement carries START TRANSACTION). A failed COMMIT
+    propagates: its outcome is unknown (see `written_row`). ROLLBACK on any other error; a
+    connection that cannot even roll back is closed, which ends the transaction too. A block
+    that sent no statement sends nothing at its end either.
     """
     if turn is not None and not connection.in_atomic_block:
         with turns.turn(turn, ask_known=ask_known), grab_transaction() as transaction:
@@ -83,54 +87,26 @@ def grab_transaction(
         with shards.atomic():
             yield GrabTransaction(None)
         return
-    with _transaction_started() as cursor:
-        holds.began()
-        transaction = GrabTransaction(cursor)
-        try:
-            yield transaction
-        except BaseException:
-            try:
-                cursor.execute("ROLLBACK")
-            except DatabaseError:
-                connection.close()
-            raise
-        else:
-            if not transaction.committed:
-                cursor.execute("COMMIT")
-        finally:
-            holds.released()
-
-
-def _transaction_started() -> Any:
-    """A cursor of the current activity's connection, with START TRANSACTION sent on it, and
-    without the ping Django sends before the first statement of each request
-    (CONN_HEALTH_CHECKS): one round trip fewer for a grab's transaction, which is most often
-    its request's only use of MySQL. A connection that died since its last use fails START
-    TRANSACTION itself, which wrote nothing; it is closed and START TRANSACTION sent once more
-    on a new one, as the ping would have had it."""
     wrapper = connections[shards.current()]
-    was_open = wrapper.connection is not None
-    # No ping on the way (a new connection is checked by its own handshake).
-    wrapper.health_check_done = True  # type: ignore[attr-defined]
+    transaction = GrabTransaction(wrapper)
+    holds.began()
     try:
-        return _begun(wrapper)
-    except OperationalError as exc:
-        if not was_open or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
-            raise
-    wrapper.close()
-    return _begun(wrapper)
-
-
-def _begun(wrapper: Any) -> Any:
-    """A new cursor of `wrapper` with START TRANSACTION sent on it (closed if that fails)."""
-    cursor = wrapper.cursor()
-    try:
-        cursor.execute("START TRANSACTION")
+        with wrapper.execute_wrapper(transaction.begin_with):
+            yield transaction
     except BaseException:
-        with suppress(DatabaseError):
-            cursor.close()
+        if transaction.begun:
+            try:
+                with wrapper.cursor() as cursor:
+                    cursor.execute("ROLLBACK")
+            except DatabaseError:
+                wrapper.close()
         raise
-    return cursor
+    else:
+        if transaction.begun and not transaction.committed:
+            with wrapper.cursor() as cursor:
+                cursor.execute("COMMIT")
+    finally:
+        holds.released()
 
 
 @dataclass(frozen=True)
@@ -145,9 +121,56 @@ class GrabRow:
 class GrabTransaction:
     """What `grab_transaction` yields: the transaction, and its end with a batch's writes."""
 
-    def __init__(self, cursor: Any | None) -> None:
-        self.cursor = cursor  # of its own START TRANSACTION; None inside shards.atomic()
+    def __init__(self, wrapper: Any | None) -> None:
+        # The activity's connection, whose transaction this is; None inside shards.atomic().
+        self.wrapper: Any = wrapper
+        # Reused from an earlier use: it may have died since (no ping on the way, `begin_with`).
+        self.reused = wrapper is not None and wrapper.connection is not None
+        if wrapper is not None:
+            # Django pings MySQL before the first statement of each request (CONN_HEALTH_CHECKS);
+            # a grab's transaction goes without: one round trip fewer, often its request's only
+            # use of MySQL. A connection that died meanwhile fails the first statement, which
+            # `begin_with` then sends again on a new one, as the ping would have had it.
+            wrapper.health_check_done = True
+        self.begun = False
         self.committed = False
+
+    def begin_with(
+        self,
+        execute: Callable[..., Any],
+        sql: str,
+        params: Any,
+        many: bool,
+        context: dict[str, Any],
+    ) -> Any:
+        """Django's execute wrapper on the activity's connection while the transaction lasts:
+        its first statement goes to MySQL in one query after START TRANSACTION, and the cursor
+        is moved on to that statement's result (its rows, its rowcount, its error).
+
+        That query commits nothing, so if the connection turns out to have died since its last
+        use (reused: MySQL may have closed it, or been restarted), whatever of it MySQL ran was
+        rolled back with the connection: it is sent once more on a new connection."""
+        if self.begun:
+            return execute(sql, params, many, context)
+        self.begun = True
+        cursor = context["cursor"]
+        if many:  # a batch of parameter sets: START TRANSACTION goes first, on its own
+            with self.wrapper.wrap_database_errors:
+                cursor.cursor.execute("START TRANSACTION")
+            return execute(sql, params, many, context)
+        try:
+            result = execute(f"START TRANSACTION; {sql}", params, many, context)
+        except OperationalError as exc:
+            if not self.reused or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
+                raise
+            self.reused = False
+            self.wrapper.close()
+            self.wrapper.ensure_connection()
+            self.wrapper.health_check_done = True
+            cursor.cursor = self.wrapper.create_cursor()
+            result = execute(f"START TRANSACTION; {sql}", params, many, context)
+        next_result(cursor)
+        return result
 
     def commit_with_grabs(
         self, *, activity_id: int, rows: list[GrabRow], row_locked: bool = False
@@ -173,17 +196,20 @@ class GrabTransaction:
         """
         if self.committed or not rows:
             raise RuntimeError("a grab transaction commits once, with at least one row")
-        if self.cursor is None:
+        if self.wrapper is None:
             take_and_insert(activity_id=activity_id, rows=rows)
             return
+        if row_locked and not self.begun:
+            raise RuntimeError("row_locked: a statement of this transaction locked the row")
         if not row_locked:
             take_from_surplus(
                 activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
             )
-        self.cursor.execute(
-            *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
-        )
-        finish_results(self.cursor)
+        with self.wrapper.cursor() as cursor:
+            cursor.execute(
+                *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
+            )
+            finish_results(cursor)
         self.committed = True
 
 
@@ -216,11 +242,18 @@ def batch_decrement_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
 
 def finish_results(cursor: Any) -> None:
     """Read the replies of a multi-statement query's later statements: the error of one that
-    failed is raised here, as Django's cursor raises it from execute (wrapped, and a
-    constraint MySQL reports as OperationalError raised as IntegrityError)."""
+    failed is raised here, as Django's cursor raises it from execute (`next_result`)."""
+    while next_result(cursor):
+        pass
+
+
+def next_result(cursor: Any) -> bool:
+    """Move a Django cursor on to the next statement's result of its multi-statement query
+    (False: there is none). That statement's error is raised here, as Django's cursor raises
+    it from execute: wrapped, and a constraint MySQL reports as OperationalError raised as
+    IntegrityError."""
     try:
-        while cursor.nextset():
-            pass
+        return bool(cursor.nextset())
     except OperationalError as exc:
         if dberrors.code(exc) in getattr(cursor, "codes_for_integrityerror", ()):
             raise IntegrityError(*exc.args) from exc
@@ -537,21 +570,37 @@ def take_and_insert(*, activity_id: int, rows: list[GrabRow]) -> None:
     insert_grab_rows(activity_id=activity_id, rows=rows)
 
 
-def commit_grabs_raw(cursor: Any, *, activity_id: int, rows: list[GrabRow]) -> bool:
+def commit_grabs_raw(
+    cursor: Any, *, activity_id: int, rows: list[GrabRow], begin: bool = False
+) -> bool:
     """`record_grabs` with its `commit`, on a plain DB-API cursor (MySQL; a strategy's raw_grab
-    or raw_batch) inside START TRANSACTION, without the service's meters: the claim, the
+    or raw_batch) inside a transaction (`begin`: START TRANSACTION goes with its first
+    statement, as grab_transaction sends it), without the service's meters: the claim, the
     surplus (which takes the activity's row), then the INSERT and COMMIT in one round trip.
     False when a packet was not available (nothing decremented, nothing committed: the caller
     rolls back)."""
     claims = [row for row in rows if row.packet_id is not None]
     if claims:
-        cursor.execute(*claim_packets_sql(activity_id=activity_id, rows=claims))
+        execute_raw(cursor, claim_packets_sql(activity_id=activity_id, rows=claims), begin=begin)
         if cursor.rowcount != len(claims):
             return False
-    cursor.execute(*batch_decrement_sql(activity_id=activity_id, rows=rows))
+    decrement = batch_decrement_sql(activity_id=activity_id, rows=rows)
+    execute_raw(cursor, decrement, begin=begin and not claims)
     cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=False))
     finish_results(cursor)
     return True
+
+
+def execute_raw(cursor: Any, statement: Statement, *, begin: bool = False) -> None:
+    """A statement on a plain DB-API cursor (MySQL); with `begin`, a transaction's first, sent
+    after START TRANSACTION in one query as grab_transaction sends it, the cursor moved on to
+    its result."""
+    sql, params = statement
+    if not begin:
+        cursor.execute(sql, params)
+        return
+    cursor.execute(f"START TRANSACTION; {sql}", params)
+    cursor.nextset()
 
 
 def take_from_surplus(

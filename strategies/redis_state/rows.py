@@ -108,9 +108,8 @@ def write_grabs_raw(
     the lab's batched raw same-SQL ceiling (GrabStrategy.raw_batch). `grabs`: (user id, cents,
     packet id or None), as Redis would have decided them."""
     rows = [GrabRow(*grab) for grab in grabs]
-    cursor.execute("START TRANSACTION")
     try:
-        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=rows):
+        if not commit_grabs_raw(cursor, activity_id=activity_id, rows=rows, begin=True):
             raise PacketTaken.among(rows)
     except BaseException:
         cursor.execute("ROLLBACK")

@@ -129,13 +129,17 @@ def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_i
     """The query that commits carries the writes made after the row was taken
     (steps.GrabTransaction.commit_with_grabs): group_commit's lookup locks the row, then the
     surplus UPDATE, the INSERT and COMMIT go as one query; the Redis strategies' UPDATE takes
-    the row, then the INSERT and COMMIT go as one query."""
+    the row, then the INSERT and COMMIT go as one query. START TRANSACTION goes with the
+    transaction's first statement, in its query."""
     activity = send(sender, strategy)
     users = make_users(2)
     with CaptureQueriesContext(connection) as queries:
         answers = run_batch(strategy, activity.pk, [u.pk for u in users])
     assert [a.outcome for a in answers] == [Outcome.GRABBED] * 2  # type: ignore[attr-defined]
     sql = [q["sql"] for q in queries.captured_queries]
+    started = [q for q in sql if q.startswith("START TRANSACTION")]
+    assert len(started) == 1 and started[0].startswith("START TRANSACTION; "), sql
+    sql = [q.removeprefix("START TRANSACTION; ") for q in sql]
     activities, details = Activity._meta.db_table, GrabDetail._meta.db_table
     *before, took, last = sql
     assert f"INSERT INTO {details} " in last and last.endswith("; COMMIT"), sql
