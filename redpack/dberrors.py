@@ -13,7 +13,8 @@ UNREACHABLE = frozenset({2002, 2003, 2013})
 # An open connection that no longer reaches its server (CR_SERVER_GONE_ERROR, CR_SERVER_LOST;
 # MySQL 8.0.24+ names an idle one it closed, ER_CLIENT_INTERACTION_TIMEOUT): the statement that
 # found out may not have run, and the connection is of no further use.
-CONNECTION_LOST = frozenset({2006, 2013, 4031})
+SERVER_GONE = 2006  # CR_SERVER_GONE_ERROR
+CONNECTION_LOST = frozenset({SERVER_GONE, 2013, 4031})
 
 
 def code(exc: BaseException) -> object:

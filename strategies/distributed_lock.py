@@ -11,7 +11,8 @@ then a second holder runs beside it. So the decrement is `UPDATE … WHERE id=? 
 with the version read under the lock: 0 rows means someone wrote since, and the transaction
 rolls back with `contended`. The lock makes grabs orderly; the version makes them correct.
 Round trips: 1 read before the lock (the activity with the user's grab), SET NX (polled while
-waiting), START TRANSACTION + the same read + UPDATE + INSERT + COMMIT, the release script.
+waiting), START TRANSACTION with the same read (one query), UPDATE + INSERT + COMMIT, the
+release script.
 Failure mode: throughput is one lock hand-off per grab, and redis-py's Lock polls (no queue,
 no fairness), so waiters burn round trips and one who waits longer than REDPACK_LOCK_WAIT is
 turned away with `contended` while packets remain.

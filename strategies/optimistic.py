@@ -7,8 +7,8 @@ What it checks twice: open / already grabbed / sold out on the plain read, then 
 update checks version, status and expiry again at the moment it writes, so a grab that read
 before a close cannot land after it.
 Round trips per attempt: 1 read (the first one also reads the user's earlier grab), then
-START TRANSACTION + UPDATE + INSERT + COMMIT; a lost race retries after a small jittered
-sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
+START TRANSACTION with the UPDATE (one query), INSERT + COMMIT; a lost race retries after a
+small jittered sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
 Failure mode: of all grabs that read one version, exactly one wins; the others retry, and each
 round again lets only one through. With fewer retries than rivals, grabbers are turned away
 with `contended` while packets remain (the seed's warning); the contract harness and

@@ -12,8 +12,8 @@ What it checks twice: open / already grabbed / sold out on a plain read, then op
 and surplus left again under the activity row lock; if closed, nothing is written and the
 answer is `closed`.
 Round trips per attempt: 2 reads (the activity with the user's own grab, then the random
-packet: a range read from a random pivot, see `random_available`), then START TRANSACTION +
-SELECT … FOR UPDATE + UPDATE packet + UPDATE activity + INSERT detail + COMMIT.
+packet: a range read from a random pivot, see `random_available`), then START TRANSACTION with
+SELECT … FOR UPDATE (one query), UPDATE packet + UPDATE activity + INSERT detail + COMMIT.
 Failure mode: the pick is made before the lock, so two grabs can pick the same packet; the
 loser rolls back and picks again, up to REDPACK_PREALLOCATED_MAX_RETRIES times. Near the end
 few packets remain, picks collide, and some grabbers are turned away with `contended`. The

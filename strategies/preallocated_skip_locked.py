@@ -13,8 +13,8 @@ A locking read takes no foreign-key lock, so holding the packet before the activ
 the lock order of strategies/steps.py.
 What it checks twice: open / already grabbed / sold out on a plain read, then open and
 unexpired again in the decrement.
-Round trips: 2 reads (the activity with the user's grab, the window), then START TRANSACTION +
-SELECT … SKIP LOCKED + UPDATE activity + INSERT + UPDATE packet +
+Round trips: 2 reads (the activity with the user's grab, the window), then START TRANSACTION with
+SELECT … SKIP LOCKED (one query), UPDATE activity + INSERT + UPDATE packet +
 COMMIT. Near the end every remaining packet may be held by grabs queued on the activity row;
 a grab that finds its window held queues there too (a wait in MySQL, not a retry loop) and
 looks again, at all the packets, once the grabs ahead of it are done.

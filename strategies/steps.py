@@ -77,7 +77,9 @@ def grab_transaction(
     cursor of it: the first one's statement carries START TRANSACTION). A failed COMMIT
     propagates: its outcome is unknown (see `written_row`). ROLLBACK on any other error; a
     connection that cannot even roll back is closed, which ends the transaction too. A block
-    that sent no statement sends nothing at its end either.
+    that sent no statement sends nothing at its end either. A statement after the connection
+    closed under the transaction is refused (`check_connection`), never sent on a new
+    connection, where it would commit on its own.
     """
     if turn is not None and not connection.in_atomic_block:
         with turns.turn(turn, ask_known=ask_known), grab_transaction() as transaction:
@@ -89,12 +91,15 @@ def grab_transaction(
         return
     wrapper = connections[shards.current()]
     transaction = GrabTransaction(wrapper)
+    # Connected before the wrapper is on: a new connection's own set-up statements (the
+    # session's isolation level among them) run before the transaction, not in it.
+    wrapper.ensure_connection()
     holds.began()
     try:
         with wrapper.execute_wrapper(transaction.begin_with):
             yield transaction
     except BaseException:
-        if transaction.begun:
+        if transaction.open():
             try:
                 with wrapper.cursor() as cursor:
                     cursor.execute("ROLLBACK")
@@ -103,6 +108,7 @@ def grab_transaction(
         raise
     else:
         if transaction.begun and not transaction.committed:
+            transaction.check_connection()
             with wrapper.cursor() as cursor:
                 cursor.execute("COMMIT")
     finally:
@@ -133,6 +139,8 @@ class GrabTransaction:
             # `begin_with` then sends again on a new one, as the ping would have had it.
             wrapper.health_check_done = True
         self.begun = False
+        self.began_on: Any = None  # the DB-API connection its START TRANSACTION went on
+        self.reconnecting = False
         self.committed = False
 
     def begin_with(
@@ -150,13 +158,16 @@ class GrabTransaction:
         That query commits nothing, so if the connection turns out to have died since its last
         use (reused: MySQL may have closed it, or been restarted), whatever of it MySQL ran was
         rolled back with the connection: it is sent once more on a new connection."""
+        if self.reconnecting:  # the new connection's own set-up, before the transaction
+            return execute(sql, params, many, context)
         if self.begun:
+            self.check_connection()
             return execute(sql, params, many, context)
         self.begun = True
+        self.began_on = self.wrapper.connection
         cursor = context["cursor"]
         if many:  # a batch of parameter sets: START TRANSACTION goes first, on its own
-            with self.wrapper.wrap_database_errors:
-                cursor.cursor.execute("START TRANSACTION")
+            cursor.execute("START TRANSACTION")
             return execute(sql, params, many, context)
         try:
             result = execute(f"START TRANSACTION; {sql}", params, many, context)
@@ -164,13 +175,32 @@ class GrabTransaction:
             if not self.reused or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
                 raise
             self.reused = False
-            self.wrapper.close()
-            self.wrapper.ensure_connection()
+            self.reconnecting = True
+            try:
+                self.wrapper.close()
+                self.wrapper.ensure_connection()
+            finally:
+                self.reconnecting = False
             self.wrapper.health_check_done = True
+            self.began_on = self.wrapper.connection
             cursor.cursor = self.wrapper.create_cursor()
             result = execute(f"START TRANSACTION; {sql}", params, many, context)
         next_result(cursor)
         return result
+
+    def open(self) -> bool:
+        """Begun, on the connection still open: a transaction MySQL holds for it."""
+        return self.begun and self.began_on is not None and self.wrapper.connection is self.began_on
+
+    def check_connection(self) -> None:
+        """A statement after the first goes only on the connection the transaction began on:
+        on another (the first closed meanwhile, and MySQL rolled back what it held) it would
+        run on its own, committed at once."""
+        if not self.open():
+            raise OperationalError(
+                dberrors.SERVER_GONE,
+                "the grab transaction's connection was closed: nothing of it was committed",
+            )
 
     def commit_with_grabs(
         self, *, activity_id: int, rows: list[GrabRow], row_locked: bool = False

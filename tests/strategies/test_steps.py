@@ -4,7 +4,14 @@ packets are claimed all or none, and the values written inline are exactly the g
 from decimal import Decimal
 
 import pytest
-from django.db import IntegrityError, close_old_connections, connection, connections, transaction
+from django.db import (
+    IntegrityError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+    transaction,
+)
 
 from redpack import selectors, services
 from redpack.models import GrabDetail, Packet, PacketStatus
@@ -210,4 +217,43 @@ def test_a_constraint_the_grab_write_breaks_is_an_integrity_error_and_nothing_co
         )
     activity.refresh_from_db()
     assert (activity.surplus_count, activity.surplus_amount) == (3, Decimal("10.00"))
+    assert not GrabDetail.objects.filter(activity=activity).exists()
+
+
+def the_transactions_isolation_level() -> str:
+    """This connection's open InnoDB transaction's isolation level."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT trx_isolation_level FROM information_schema.INNODB_TRX"
+            " WHERE trx_mysql_thread_id = CONNECTION_ID()"
+        )
+        (level,) = cursor.fetchone()
+    return str(level)
+
+
+def test_a_grab_transaction_that_opens_its_connection_runs_at_the_connections_isolation_level(
+    sender,
+):
+    """START TRANSACTION goes with the transaction's first statement; a new connection's own
+    set-up statements (READ COMMITTED, redpack/settings.py) run before it, not inside the
+    transaction, where MySQL would apply the level only from the next one."""
+    activity, _ = packets_of(sender, 1)
+    connection.close()
+    with steps.grab_transaction():
+        steps.read_for_grab(activity_id=activity.pk, user_id=None)
+        assert the_transactions_isolation_level() == "READ COMMITTED"
+
+
+def test_a_grab_transaction_whose_connection_closed_sends_nothing_more(make_users, sender):
+    """The connection a grab transaction began on closed under it: MySQL rolled back what the
+    transaction held, and its later statements are refused rather than run on a new
+    connection, each committed on its own."""
+    activity, _ = packets_of(sender, 2)
+    (user,) = make_users(1)
+    with pytest.raises(OperationalError), steps.grab_transaction():
+        steps.take_from_surplus(activity_id=activity.pk, count=1, cents=500)
+        connection.close()
+        insert_grab_rows(activity_id=activity.pk, rows=[GrabRow(user.pk, 500)])
+    activity.refresh_from_db()
+    assert (activity.surplus_count, activity.surplus_amount) == (2, Decimal("10.00"))
     assert not GrabDetail.objects.filter(activity=activity).exists()
