@@ -138,7 +138,6 @@ class GrabTransaction:
             # use of MySQL. A connection that died meanwhile fails the first statement, which
             # `begin_with` then sends again on a new one, as the ping would have had it.
             wrapper.health_check_done = True
-        self.begun = False
         self.began_on: Any = None  # the DB-API connection its START TRANSACTION went on
         self.reconnecting = False
         self.committed = False
@@ -163,14 +162,13 @@ class GrabTransaction:
         if self.begun:
             self.check_connection()
             return execute(sql, params, many, context)
-        self.begun = True
-        self.began_on = self.wrapper.connection
+        self.began_on = self.wrapper.connection  # open: connected on entry
         cursor = context["cursor"]
         if many:  # a batch of parameter sets: START TRANSACTION goes first, on its own
             cursor.execute("START TRANSACTION")
             return execute(sql, params, many, context)
         try:
-            result = execute(f"START TRANSACTION; {sql}", params, many, context)
+            result = execute(started_with(sql), params, many, context)
         except OperationalError as exc:
             if not self.reused or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
                 raise
@@ -181,16 +179,20 @@ class GrabTransaction:
                 self.wrapper.ensure_connection()
             finally:
                 self.reconnecting = False
-            self.wrapper.health_check_done = True
             self.began_on = self.wrapper.connection
             cursor.cursor = self.wrapper.create_cursor()
-            result = execute(f"START TRANSACTION; {sql}", params, many, context)
+            result = execute(started_with(sql), params, many, context)
         next_result(cursor)
         return result
 
+    @property
+    def begun(self) -> bool:
+        """START TRANSACTION went out (with the transaction's first statement)."""
+        return self.began_on is not None
+
     def open(self) -> bool:
         """Begun, on the connection still open: a transaction MySQL holds for it."""
-        return self.begun and self.began_on is not None and self.wrapper.connection is self.began_on
+        return self.begun and self.wrapper.connection is self.began_on
 
     def check_connection(self) -> None:
         """A statement after the first goes only on the connection the transaction began on:
@@ -629,8 +631,14 @@ def execute_raw(cursor: Any, statement: Statement, *, begin: bool = False) -> No
     if not begin:
         cursor.execute(sql, params)
         return
-    cursor.execute(f"START TRANSACTION; {sql}", params)
+    cursor.execute(started_with(sql), params)
     cursor.nextset()
+
+
+def started_with(sql: str) -> str:
+    """A transaction's first statement as grab_transaction sends it: after START TRANSACTION,
+    in one query (the cursor then moves on to the statement's result)."""
+    return f"START TRANSACTION; {sql}"
 
 
 def take_from_surplus(
