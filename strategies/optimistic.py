@@ -6,7 +6,7 @@ and inserts the detail in the same transaction; the row is locked only for that 
 What it checks twice: open / already grabbed / sold out on the plain read, then the conditional
 update checks version, status and expiry again at the moment it writes, so a grab that read
 before a close cannot land after it.
-Round trips per attempt: 1 read (the first one also reads the user's earlier grab), then
+Round trips per attempt: 1 read (the activity with the user's earlier grab), then
 START TRANSACTION with the UPDATE (one query), INSERT + COMMIT; a lost race retries after a
 small jittered sleep, up to REDPACK_OPTIMISTIC_MAX_RETRIES times.
 Failure mode: of all grabs that read one version, exactly one wins; the others retry, and each
@@ -41,10 +41,11 @@ class OptimisticStrategy(GrabStrategy):
         """Nothing to prepare: the activity row and its version are the whole state."""
 
     def grab(self, *, activity_id: int, user_id: int) -> GrabResult:
-        asking: int | None = user_id  # the user's earlier grab, read with the first attempt's row
         for _ in attempts(settings.REDPACK_OPTIMISTIC_MAX_RETRIES):
-            activity, held = read_for_grab(activity_id=activity_id, user_id=asking, lock=False)
-            asking = None  # a retry needs no second look: UNIQUE (activity, user) stands guard
+            # The user's grab with every attempt's row: a retry follows a version that moved,
+            # perhaps by a twin click's grab, and that user hears `already_grabbed`, not
+            # `sold_out` (UNIQUE (activity, user) only guards the write).
+            activity, held = read_for_grab(activity_id=activity_id, user_id=user_id, lock=False)
             answer = refusal(activity, user_id=None, held=held)
             if answer is not None:
                 return answer

@@ -8,9 +8,9 @@ inserts the detail pointing at the packet. The activity row is locked before the
 that open, unexpired and surplus left are checked under it before anything is written (the
 claim itself takes no lock on the row: the packets' foreign key has an index of its own,
 migration 0006; strategies/steps.py, "Lock order").
-What it checks twice: open / already grabbed / sold out on a plain read, then open, unexpired
-and surplus left again under the activity row lock; if closed, nothing is written and the
-answer is `closed`.
+What it checks twice: open / already grabbed / sold out on a plain read, then all three again
+under the activity row lock (a twin click may have taken a packet meanwhile: `already_grabbed`,
+not `sold_out`); if closed, nothing is written and the answer is `closed`.
 Round trips per attempt: 2 reads (the activity with the user's own grab, then the random
 packet: a range read from a random pivot, see `random_available`), then START TRANSACTION with
 SELECT … FOR UPDATE (one query), UPDATE packet + UPDATE activity + INSERT detail + COMMIT.
@@ -74,8 +74,10 @@ class PreallocatedStrategy(GrabStrategy):
             [(packet_id, version, amount)] = picked
             try:
                 with grab_transaction(turn=activity_id, ask_known=True):
-                    locked, _ = read_for_grab(activity_id=activity_id, user_id=None)
-                    answer = refusal(locked, user_id=None)
+                    # The user's grab again, under the lock: a twin click may have taken a
+                    # packet since the plain read (then `already_grabbed`, not `sold_out`).
+                    locked, held = read_for_grab(activity_id=activity_id, user_id=user_id)
+                    answer = refusal(locked, user_id=None, held=held)
                     if answer is not None:
                         return answer
                     if not claim_packet(packet_id=packet_id, version=version, user_id=user_id):
@@ -102,7 +104,7 @@ class PreallocatedStrategy(GrabStrategy):
             assert pivot is not None
             cursor.execute(*random_available_sql(activity_id=activity_id, pivot=pivot, size=1))
             packet_id, version, amount = cursor.fetchone()
-            lock = read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True)
+            lock = read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=True)
             execute_raw(cursor, lock, begin=True)
             cursor.execute(*claim_packet_sql(packet_id=packet_id, user_id=user_id, version=version))
             if cursor.rowcount == 1:

@@ -12,7 +12,8 @@ written and the answer is `closed`), the detail insert, the packet marked taken,
 A locking read takes no foreign-key lock, so holding the packet before the activity row keeps
 the lock order of strategies/steps.py.
 What it checks twice: open / already grabbed / sold out on a plain read, then open and
-unexpired again in the decrement.
+unexpired again in the decrement (and all three again under the activity row lock when the
+window was held: a twin click may have taken the last packet meanwhile).
 Round trips: 2 reads (the activity with the user's grab, the window), then START TRANSACTION with
 SELECT … SKIP LOCKED (one query), UPDATE activity + INSERT + UPDATE packet +
 COMMIT. Near the end every remaining packet may be held by grabs queued on the activity row;
@@ -77,9 +78,11 @@ class SkipLockedStrategy(PreallocatedStrategy):
                     # Every packet of the window is held by a grab in flight. Queue on the
                     # activity row like those grabs (a wait in MySQL, not a retry loop); once
                     # it is ours, whoever was ahead has committed or rolled back, and nobody
-                    # else can claim, so scanning all the activity's packets is safe.
-                    locked, _ = read_for_grab(activity_id=activity_id, user_id=None)
-                    answer = refusal(locked, user_id=None)
+                    # else can claim, so scanning all the activity's packets is safe. The
+                    # user's grab is read again with it: a twin click may have just taken
+                    # the last packet, and this one then hears `already_grabbed`.
+                    locked, held = read_for_grab(activity_id=activity_id, user_id=user_id)
+                    answer = refusal(locked, user_id=None, held=held)
                     if answer is not None:
                         return answer
                     packet = _lock_first_free("activity_id = %s", [activity_id])
@@ -112,7 +115,7 @@ class SkipLockedStrategy(PreallocatedStrategy):
         execute_raw(cursor, lock_first_free_sql(*in_window(window)), begin=True)
         packet = cursor.fetchone()
         if packet is None:
-            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=None, lock=True))
+            cursor.execute(*read_for_grab_sql(activity_id=activity_id, user_id=user_id, lock=True))
             cursor.execute(*lock_first_free_sql("activity_id = %s", [activity_id]))
             packet = cursor.fetchone()
         packet_id, version, amount = packet

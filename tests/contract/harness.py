@@ -70,7 +70,8 @@ def grab_concurrently(
 def check_double_clicks(
     strategy_name: str, make_users: Callable[[int], list[AbstractUser]], sender: AbstractUser
 ) -> Activity:
-    """200 grabbers, each clicking twice at once, over 50 packets: no oversell, no duplicate."""
+    """200 grabbers, each clicking twice at once, over 50 packets: no oversell, no duplicate,
+    and no holder told `sold_out`."""
     users = make_users(GRABBERS)
     activity = services.activity_send(
         sender_id=sender.pk,
@@ -99,6 +100,8 @@ def check_double_clicks(
     for user_id, results in by_user.items():
         outcomes = [r.outcome for r in results]
         assert outcomes.count(Outcome.GRABBED) <= 1
+        if user_id in rows:  # a holder's other click hears already_grabbed (or contended)
+            assert Outcome.SOLD_OUT not in outcomes, (user_id, results)
         for result in results:
             if result.outcome is Outcome.ALREADY_GRABBED:
                 assert result.amount_cents == rows[user_id]
