@@ -1,12 +1,34 @@
 """Token authentication without a store (bans: redpack/api/gate.py), and a refresh that refuses
-a deleted user."""
+a deleted user. Every token's user id claim is checked to be one (`user_id_claim`) before it is
+used: a token signed with the server's key but naming no possible user is a 401, not a 500
+(and a `1.5` is not user 1)."""
 
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from rest_framework.exceptions import AuthenticationFailed
-from rest_framework_simplejwt.authentication import JWTStatelessUserAuthentication
+from rest_framework_simplejwt.authentication import (
+    JWTAuthentication,
+    JWTStatelessUserAuthentication,
+)
+from rest_framework_simplejwt.exceptions import InvalidToken, TokenError
 from rest_framework_simplejwt.serializers import TokenRefreshSerializer
+from rest_framework_simplejwt.settings import api_settings
+from rest_framework_simplejwt.tokens import Token
+
+# auth_user.id is a signed 32-bit integer: a claim beyond it names nobody.
+MAX_USER_ID = 2**31 - 1
+
+
+def user_id_claim(token: Token) -> int:
+    """The token's user id: an integer, or the decimal string of one as simplejwt writes it,
+    from 1 to MAX_USER_ID; InvalidToken (401 `token_not_valid`) for anything else."""
+    claim = token.payload.get(api_settings.USER_ID_CLAIM)
+    if isinstance(claim, str) and claim.isascii() and claim.isdigit():
+        claim = int(claim)
+    if isinstance(claim, bool) or not isinstance(claim, int) or not 1 <= claim <= MAX_USER_ID:
+        raise InvalidToken("the token's user id is not a user id")
+    return claim
 
 
 class TokenUserAuthentication(JWTStatelessUserAuthentication):
@@ -14,11 +36,29 @@ class TokenUserAuthentication(JWTStatelessUserAuthentication):
     use it check bans themselves, in their one Redis round trip (redpack/api/gate.py) or in their
     strategy's (strategies/request_checks.py)."""
 
+    def get_user(self, validated_token: Token) -> Any:
+        user_id_claim(validated_token)
+        return super().get_user(validated_token)
+
+
+class UserJWTAuthentication(JWTAuthentication):
+    """simplejwt's token authentication with the user read from the database, for the views
+    that need the user's row (sending, the admin's API)."""
+
+    def get_user(self, validated_token: Token) -> Any:
+        user_id_claim(validated_token)
+        return super().get_user(validated_token)
+
 
 class RefreshSerializer(TokenRefreshSerializer):
     """simplejwt's refresh, which already refuses an inactive user; a deleted one too."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, str]:
+        try:
+            refresh = self.token_class(attrs["refresh"])
+        except TokenError as exc:
+            raise InvalidToken(exc.args[0]) from exc
+        user_id_claim(refresh)
         try:
             return super().validate(attrs)
         except get_user_model().DoesNotExist as exc:

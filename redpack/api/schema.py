@@ -1,5 +1,6 @@
 """OpenAPI: drf-spectacular extensions (imported from RedpackConfig.ready) and AutoSchema."""
 
+from drf_spectacular.contrib.rest_framework_simplejwt import SimpleJWTScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import Direction, OpenApiResponse
@@ -17,6 +18,12 @@ class StatelessJWTScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
         return {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+
+
+class UserJWTScheme(SimpleJWTScheme):  # type: ignore[misc]
+    """simplejwt's own scheme ("jwtAuth") for its subclass that checks the user id claim."""
+
+    target_class = "redpack.api.auth.UserJWTAuthentication"
 
 
 ERROR_STATUSES = {

@@ -14,7 +14,6 @@ from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from rest_framework_simplejwt.authentication import JWTAuthentication
 
 from redpack import exposition, health, selectors, services
 from redpack.errors import ChecksNotMade, RequestRefused
@@ -23,7 +22,7 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 
 from . import gate
-from .auth import TokenUserAuthentication
+from .auth import TokenUserAuthentication, UserJWTAuthentication
 from .errors import error_body
 from .pagination import WalletPagination
 from .serializers import (
@@ -282,7 +281,7 @@ class HealthDetailsView(APIView):
     """Every probe with its error text, the worker heartbeat, the persist lag and the
     strategies' sections (redpack/health.py): staff only. Its status code is /healthz's."""
 
-    authentication_classes = [JWTAuthentication, SessionAuthentication]
+    authentication_classes = [UserJWTAuthentication, SessionAuthentication]
     permission_classes = [IsAdminUser]
 
     @extend_schema(responses={200: OpenApiResponse(description="the health document")})

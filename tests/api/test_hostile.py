@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django_redis import get_redis_connection
 from rest_framework.test import APIClient
-from rest_framework_simplejwt.tokens import AccessToken
+from rest_framework_simplejwt.tokens import AccessToken, RefreshToken
 
 from redpack import bans, services
 from redpack.models import Activity, GrabDetail, Packet, Refund
@@ -259,6 +259,34 @@ def test_expired_token_is_401(sender):
     response = client.get("/api/me/grabs/")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "token_not_valid"
+
+
+@pytest.mark.parametrize(
+    "claim", ["abc", None, [1], {"id": 1}, "2**70", 2**63, 2**31, 1.5, "1.5", True, 0, -5, "-5", ""]
+)
+def test_a_signed_token_naming_no_possible_user_is_401(sender, claim):
+    """A token signed with the server's key whose user id claim is not one: 401, never a 500
+    or another user (a `1.5` is not user 1), on the store-less views and the others alike."""
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="redis_counter"
+    )
+    token = AccessToken.for_user(sender)
+    token["user_id"] = claim
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    for response in (
+        client.get("/api/ping/"),
+        client.post(f"/api/activities/{activity.pk}/grab/"),
+        client.get("/api/me/grabs/"),
+        client.post("/api/activities/", VALID, format="json"),
+    ):
+        assert response.status_code == 401, (claim, response.content)
+        assert response.json()["error"]["code"] == "token_not_valid"
+    refresh = RefreshToken.for_user(sender)
+    refresh["user_id"] = claim
+    response = APIClient().post("/api/token/refresh/", {"refresh": str(refresh)}, format="json")
+    assert response.status_code == 401, (claim, response.content)
+    assert not GrabDetail.objects.exists()
 
 
 def test_session_auth_keeps_csrf(sender):
