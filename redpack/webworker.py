@@ -37,8 +37,10 @@ that is not polling the listening socket looks at the others again every 10 ms; 
 is stopping accepts no more, and one out of file descriptors (or memory) leaves the rest of
 the queue for later instead of failing. A kept-alive connection whose keep-alive ran out
 during a long pass of the loop is served if its next request has come (gthread closed it
-unread, and the client was reset: `murder_keepalived`). Everything else (keep-alive, timeouts,
-graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
+unread, and the client was reset: `murder_keepalived`). A request gunicorn itself refuses
+(a malformed request line or header, headers too large) is answered in the API's JSON error
+shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Everything
+else (keep-alive, timeouts, graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
 class of every redpack web server and frees a worker's slot when it exits (`release`).
 """
 
@@ -46,7 +48,9 @@ import contextlib
 import ctypes
 import errno
 import gc
+import json
 import os
+import re
 import resource
 import select
 import selectors
@@ -59,6 +63,8 @@ from functools import partial
 from multiprocessing.sharedctypes import RawArray, RawValue
 from typing import Any
 
+from gunicorn import util
+from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
@@ -198,6 +204,68 @@ def _request_waiting(sock: socket.socket) -> bool:
     return bool(poll.poll(0))
 
 
+# What a request gunicorn could not parse got wrong, named in its JSON answer (`handle_error`):
+# the first entry its exception is an instance of. A bad header names itself (`hdr`).
+_PARSE_FIELDS: tuple[tuple[type[Exception], str], ...] = (
+    (http_errors.LimitRequestLine, "request_line"),
+    (http_errors.InvalidRequestLine, "request_line"),
+    (http_errors.InvalidRequestMethod, "method"),
+    (http_errors.InvalidHTTPVersion, "http_version"),
+    (http_errors.UnsupportedTransferCoding, "Transfer-Encoding"),
+    (http_errors.InvalidProxyLine, "proxy_line"),
+    (http_errors.ParseException, "headers"),
+)
+_ERROR_CODES = {
+    400: "bad_request",
+    403: "forbidden",
+    431: "request_headers_too_large",
+    501: "not_implemented",
+}
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+_MESSAGE_AT_MOST = 200  # characters of gunicorn's message, which may quote the bad input
+
+
+class _Kept:
+    """Stands in for the client's socket while gunicorn writes its error page
+    (util.write_error): keeps the bytes, so that only its status line is used."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def gettimeout(self) -> float:
+        return 0.0
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+def error_answer(exc: BaseException, status_line: str) -> bytes:
+    """The whole HTTP answer to a request gunicorn refused before the app saw it (`status_line`
+    gunicorn's, e.g. "HTTP/1.1 431 Request Header Fields Too Large"): the API's JSON error
+    shape (redpack/api/errors.py) naming what was wrong, instead of gunicorn's HTML page."""
+    from redpack.api.errors import error_body  # the app is loaded by the time a request fails
+
+    try:
+        status = int(status_line.split(" ", 2)[1])
+    except (IndexError, ValueError):
+        status_line, status = "HTTP/1.1 400 Bad Request", 400
+    field = None
+    if status != 500:
+        named = getattr(exc, "hdr", None) if isinstance(exc, http_errors.InvalidHeader) else None
+        if isinstance(named, str) and _HEADER_NAME.fullmatch(named):
+            field = named.title()  # gunicorn gives it upper-cased: CONTENT-LENGTH
+        else:  # the other parse errors, and a header line with no name to give
+            field = next((f for kind, f in _PARSE_FIELDS if isinstance(exc, kind)), None)
+    message = (str(exc) if status != 500 else "the server could not answer")[:_MESSAGE_AT_MOST]
+    code = _ERROR_CODES.get(status, "server_error" if status >= 500 else "bad_request")
+    body = json.dumps(error_body(code, message, {field: [message]} if field else None)).encode()
+    head = (
+        f"{status_line}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin1") + body
+
+
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -211,6 +279,17 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._unread_since: deque[tuple[float, Any]] = deque()
         self._listening = False
         self._no_room_until: float | None = None  # set while accept() finds no room
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        """gunicorn's handling of a request it could not parse (or an error past the app):
+        its status, its log and access log line, but the answer in JSON (`error_answer`)."""
+        kept = _Kept()
+        super().handle_error(req, kept, addr, exc)
+        status_line = kept.data.split(b"\r\n", 1)[0].decode("latin1")
+        try:
+            util.write_nonblock(client, error_answer(exc, status_line))
+        except Exception:  # noqa: BLE001 - as gunicorn: the client may be gone
+            self.log.debug("Failed to send error message.")
 
     # --- what this worker holds ----------------------------------------------------------
 

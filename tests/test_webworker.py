@@ -3,6 +3,7 @@ on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
 import errno
+import json
 import resource
 import runpy
 import selectors
@@ -25,7 +26,7 @@ from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
 
-from .servers import ROOT, free_port, service_env, wait_for
+from .servers import ROOT, free_port, gunicorn, service_env, wait_for
 
 
 @pytest.mark.parametrize(
@@ -475,3 +476,64 @@ def _body(sock: socket.socket) -> str:
     while chunk := sock.recv(65536):
         chunks.append(chunk)
     return b"".join(chunks).split(b"\r\n\r\n", 1)[1].decode()
+
+
+def _raw(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as is on a new connection; the status, headers and body of the answer
+    (read until the server closes)."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ")[1]), headers, body
+
+
+MALFORMED = [
+    # (request, status, the field its answer names)
+    (
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nAuthorization: " + b"a" * 20_000 + b"\r\n\r\n",
+        431,
+        "headers",
+    ),
+    (
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-%d: 1\r\n" % i for i in range(150))
+        + b"\r\n",
+        431,
+        "headers",
+    ),
+    (
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    (
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
+    (
+        b"GET /api/activities/" + b"9" * 5_000 + b"/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        400,
+        "request_line",
+    ),
+    (b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400, "headers"),
+    (b"G@T /api/ping/ HTTP/1.1\r\nHost: x\r\n\r\n", 400, "method"),
+    (b"GET /api/ping/ HTTP/9.9\r\nHost: x\r\n\r\n", 400, "http_version"),
+]
+
+
+def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
+    with gunicorn(workers=1, threads=4) as base:
+        for request, status, field in MALFORMED:
+            got, headers, body = _raw(base, request)
+            assert (got, headers["content-type"]) == (status, "application/json"), request[:60]
+            error = json.loads(body)["error"]
+            assert error["code"] in {"bad_request", "request_headers_too_large"}
+            assert list(error["fields"]) == [field], (request[:60], error)
+            assert len(error["message"]) <= 200
