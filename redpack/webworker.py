@@ -213,6 +213,7 @@ _PARSE_FIELDS: tuple[tuple[type[Exception], str], ...] = (
     (http_errors.InvalidHTTPVersion, "http_version"),
     (http_errors.UnsupportedTransferCoding, "Transfer-Encoding"),
     (http_errors.InvalidProxyLine, "proxy_line"),
+    (http_errors.ForbiddenProxyRequest, "proxy_line"),
     (http_errors.ParseException, "headers"),
 )
 _ERROR_CODES = {
@@ -221,7 +222,8 @@ _ERROR_CODES = {
     431: "request_headers_too_large",
     501: "not_implemented",
 }
-_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+# gunicorn gives a parsed header's name upper-cased; anything else it gives is a raw line.
+_HEADER_NAME = re.compile(r"[A-Z0-9-]{1,64}")
 _MESSAGE_AT_MOST = 200  # characters of gunicorn's message, which may quote the bad input
 
 
@@ -253,7 +255,7 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
     if status != 500:
         named = getattr(exc, "hdr", None) if isinstance(exc, http_errors.InvalidHeader) else None
         if isinstance(named, str) and _HEADER_NAME.fullmatch(named):
-            field = named.title()  # gunicorn gives it upper-cased: CONTENT-LENGTH
+            field = named.title()  # a header gunicorn parsed and refused: CONTENT-LENGTH
         else:  # the other parse errors, and a header line with no name to give
             field = next((f for kind, f in _PARSE_FIELDS if isinstance(exc, kind)), None)
     message = (str(exc) if status != 500 else "the server could not answer")[:_MESSAGE_AT_MOST]
@@ -285,9 +287,13 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         its status, its log and access log line, but the answer in JSON (`error_answer`)."""
         kept = _Kept()
         super().handle_error(req, kept, addr, exc)
-        status_line = kept.data.split(b"\r\n", 1)[0].decode("latin1")
         try:
-            util.write_nonblock(client, error_answer(exc, status_line))
+            answer = error_answer(exc, kept.data.split(b"\r\n", 1)[0].decode("latin1"))
+        except Exception:  # noqa: BLE001 - gunicorn's own page rather than no answer
+            self.log.exception("Could not answer a refused request in JSON")
+            answer = kept.data
+        try:
+            util.write_nonblock(client, answer)
         except Exception:  # noqa: BLE001 - as gunicorn: the client may be gone
             self.log.debug("Failed to send error message.")
 

@@ -12,8 +12,8 @@ written and the answer is `closed`), the detail insert, the packet marked taken,
 A locking read takes no foreign-key lock, so holding the packet before the activity row keeps
 the lock order of strategies/steps.py.
 What it checks twice: open / already grabbed / sold out on a plain read, then open and
-unexpired again in the decrement (and all three again under the activity row lock when the
-window was held: a twin click may have taken the last packet meanwhile).
+unexpired again in the decrement (and all three again under the activity row lock when no
+packet of the window was free: a twin click may have taken the last packet meanwhile).
 Round trips: 2 reads (the activity with the user's grab, the window), then START TRANSACTION with
 SELECT … SKIP LOCKED (one query), UPDATE activity + INSERT + UPDATE packet +
 COMMIT. Near the end every remaining packet may be held by grabs queued on the activity row;

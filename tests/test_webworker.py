@@ -485,8 +485,9 @@ def _raw(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(request)
         answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        with contextlib.suppress(ConnectionResetError):  # closed with some of it unread
+            while chunk := sock.recv(65536):
+                answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line, *lines = head.decode("latin1").split("\r\n")
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}

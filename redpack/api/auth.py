@@ -11,7 +11,7 @@ from rest_framework_simplejwt.authentication import (
     JWTAuthentication,
     JWTStatelessUserAuthentication,
 )
-from rest_framework_simplejwt.exceptions import InvalidToken, TokenError
+from rest_framework_simplejwt.exceptions import InvalidToken
 from rest_framework_simplejwt.serializers import TokenRefreshSerializer
 from rest_framework_simplejwt.settings import api_settings
 from rest_framework_simplejwt.tokens import Token
@@ -24,41 +24,37 @@ def user_id_claim(token: Token) -> int:
     """The token's user id: an integer, or the decimal string of one as simplejwt writes it,
     from 1 to MAX_USER_ID; InvalidToken (401 `token_not_valid`) for anything else."""
     claim = token.payload.get(api_settings.USER_ID_CLAIM)
-    if isinstance(claim, str) and claim.isascii() and claim.isdigit():
+    if isinstance(claim, str) and claim.isascii() and claim.isdigit() and len(claim) <= 10:
         claim = int(claim)
     if isinstance(claim, bool) or not isinstance(claim, int) or not 1 <= claim <= MAX_USER_ID:
         raise InvalidToken("the token's user id is not a user id")
     return claim
 
 
-class TokenUserAuthentication(JWTStatelessUserAuthentication):
+class CheckedUserId:
+    """simplejwt's `get_user`, once the token's user id claim is one (`user_id_claim`)."""
+
+    def get_user(self, validated_token: Token) -> Any:
+        user_id_claim(validated_token)
+        return super().get_user(validated_token)  # type: ignore[misc]
+
+
+class TokenUserAuthentication(CheckedUserId, JWTStatelessUserAuthentication):
     """The signed token's user, checked by its signature alone (no store asked). The views that
     use it check bans themselves, in their one Redis round trip (redpack/api/gate.py) or in their
     strategy's (strategies/request_checks.py)."""
 
-    def get_user(self, validated_token: Token) -> Any:
-        user_id_claim(validated_token)
-        return super().get_user(validated_token)
 
-
-class UserJWTAuthentication(JWTAuthentication):
+class UserJWTAuthentication(CheckedUserId, JWTAuthentication):
     """simplejwt's token authentication with the user read from the database, for the views
     that need the user's row (sending, the admin's API)."""
-
-    def get_user(self, validated_token: Token) -> Any:
-        user_id_claim(validated_token)
-        return super().get_user(validated_token)
 
 
 class RefreshSerializer(TokenRefreshSerializer):
     """simplejwt's refresh, which already refuses an inactive user; a deleted one too."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, str]:
-        try:
-            refresh = self.token_class(attrs["refresh"])
-        except TokenError as exc:
-            raise InvalidToken(exc.args[0]) from exc
-        user_id_claim(refresh)
+        user_id_claim(self.token_class(attrs["refresh"]))  # TokenError: the view's 401
         try:
             return super().validate(attrs)
         except get_user_model().DoesNotExist as exc:

@@ -262,7 +262,9 @@ def test_expired_token_is_401(sender):
 
 
 @pytest.mark.parametrize(
-    "claim", ["abc", None, [1], {"id": 1}, "2**70", 2**63, 2**31, 1.5, "1.5", True, 0, -5, "-5", ""]
+    "claim",
+    ["abc", None, [1], {"id": 1}, "2**70", 2**63, 2**31, 1.5, "1.5", True, 0, -5, "-5", ""]
+    + ["2147483648", "9" * 5000],
 )
 def test_a_signed_token_naming_no_possible_user_is_401(sender, claim):
     """A token signed with the server's key whose user id claim is not one: 401, never a 500
