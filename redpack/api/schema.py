@@ -20,7 +20,7 @@ class StatelessJWTScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
 
 
-class UserJWTScheme(SimpleJWTScheme):  # type: ignore[misc]
+class UserJWTScheme(SimpleJWTScheme):
     """simplejwt's own scheme ("jwtAuth") for its subclass that checks the user id claim."""
 
     target_class = "redpack.api.auth.UserJWTAuthentication"
