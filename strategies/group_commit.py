@@ -66,7 +66,11 @@ class GroupCommitStrategy(GrabStrategy):
 
     @cached_property
     def combiner(self) -> Combiner[tuple[int, str], GrabResult]:
-        return Combiner(self.checked_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
+        return Combiner(
+            self.checked_batch,
+            cap=lambda: hot.REDPACK_BATCH_MAX,
+            gather=lambda: hot.REDPACK_BATCH_GATHER,
+        )
 
     def prepare(self, activity: Activity) -> None:
         """Nothing to prepare: the activity row is the whole state."""

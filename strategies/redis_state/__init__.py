@@ -85,7 +85,11 @@ class RedisStateStrategy(GrabStrategy):
 
     @cached_property
     def combiner(self) -> Combiner[Member, Decision]:
-        return Combiner(self.decide_batch, cap=lambda: hot.REDPACK_BATCH_MAX)
+        return Combiner(
+            self.decide_batch,
+            cap=lambda: hot.REDPACK_BATCH_MAX,
+            gather=lambda: hot.REDPACK_BATCH_GATHER,
+        )
 
     def script_args(self) -> tuple[str, int]:
         """ARGV lua/grab.lua takes before the users: how it takes a packet, and a seed for a

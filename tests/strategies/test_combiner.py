@@ -177,3 +177,64 @@ def test_a_failure_before_the_batch_runs_answers_its_leader_and_frees_the_key() 
         combiner.submit("a", 1)
     assert combiner.submit("a", 2, timeout=5) == 20  # GaveUp if the key were still taken
     assert combiner.pending("a") == 0
+
+
+class Arrivals:
+    """A pause that lets the next caller of `items` arrive (queued on the line) each time it
+    is called, and counts the pauses."""
+
+    def __init__(self, combiner: Combiner, key: Hashable, items: list[int], answers: dict) -> None:  # type: ignore[type-arg]
+        self.combiner, self.key, self.items, self.answers = combiner, key, list(items), answers
+        self.pauses = 0
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self) -> None:
+        self.pauses += 1
+        if self.items:
+            waiting = self.combiner.pending(self.key)
+            self.threads.append(start(self.combiner, self.key, self.items.pop(0), self.answers))
+            wait_until(lambda: self.combiner.pending(self.key) == waiting + 1)
+
+
+@pytest.mark.parametrize(
+    ("cap", "gather", "arriving", "batches", "pauses"),
+    [
+        # The line grows at each pause, then stops: one pause finds no newcomer.
+        (8, 4, [3, 4], [[1], [2, 3, 4]], 3),
+        # At most `gather` pauses, though callers would go on arriving (6 never comes).
+        (8, 3, [3, 4, 5, 6], [[1], [2, 3, 4, 5]], 3),
+        # None once the line holds the rest of a full batch (5 never comes).
+        (3, 4, [3, 4, 5], [[1], [2, 3, 4]], 2),
+        # gather 0: never.
+        (8, 0, [3], [[1], [2]], 0),
+    ],
+)
+def test_a_caller_handed_the_lead_pauses_while_the_line_grows(
+    cap: int, gather: int, arriving: list[int], batches: list[list[int]], pauses: int
+) -> None:
+    recorder = Recorder()
+    answers: dict = {}  # type: ignore[type-arg]
+    combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: cap, gather=lambda: gather)
+    arrivals = Arrivals(combiner, "a", arriving, answers)
+    combiner.pause = arrivals
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    second = start(combiner, "a", 2, answers)
+    wait_until(lambda: combiner.pending("a") == 1)
+    recorder.release.set()
+    for thread in [leader, second]:
+        thread.join(30)
+    for thread in arrivals.threads:
+        thread.join(30)
+    expected = [1, 2, *arriving[:pauses]]
+    assert [items for _, items, _ in recorder.batches] == batches
+    assert arrivals.pauses == pauses
+    assert {item: answers[item] for item in expected} == {item: item * 10 for item in expected}
+
+
+def test_a_lone_caller_and_one_whose_line_is_empty_lead_without_pausing() -> None:
+    recorder = Recorder()
+    combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: 8, gather=lambda: 4)
+    arrivals = Arrivals(combiner, "a", [], {})
+    combiner.pause = arrivals
+    assert combiner.submit("a", 7) == 70
+    assert arrivals.pauses == 0
