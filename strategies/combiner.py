@@ -9,13 +9,14 @@ its own answer. Any other caller appends its item and waits on its own gate for 
 for the lead. So:
 
 - never a timer: a lone grab runs at once, as a batch of one; batches grow only with contention
-  (the items that arrived while the previous batch ran), up to `cap`;
+  (the items that arrived while the previous batch ran, or during its leader's pauses), up to
+  `cap`;
 - a caller handed the lead (so there is contention) first lets the threads already running
-  reach the line: it gives up the interpreter (`pause`, time.sleep(0)) while the line keeps
-  growing, short of the cap, at most `gather` times, then takes the batch. No clock is read;
-  a thread that has the CPU to itself comes straight back. Under load the batches are larger
-  (about 12 against 10 on two cores, 64 connections) and each grab pays a smaller share of
-  its batch's round trips (docs/benchmarks.md);
+  reach the line: it gives up the interpreter (`pause`, time.sleep(0)) once, then again only
+  while the line grew since the last pause, short of the cap, at most `gather` times, and then
+  takes the batch. No deadline or timeout: a thread that has the CPU to itself comes straight
+  back. Under load the batches are larger (about 11 against 10 on two cores, 64 connections)
+  and each grab pays a smaller share of its batch's round trips (docs/benchmarks.md);
 - a caller waits for at most the batch running when it arrived and its own;
 - keys are independent: no caller waits on another activity's batch;
 - followers touch no database connection while they wait (Django's are per thread);
@@ -179,14 +180,14 @@ class Combiner(Generic[Item, Answer]):
         return self._unwrapped(answers[0])
 
     def _gather(self, lane: _Lane[Item, Answer]) -> None:
-        """Pause while the line grows (callers arriving), short of a full batch, at most
-        `gather` times. The line's length is read without the lock: a hint, the batch is taken
-        under it."""
+        """Pause once, then again while the line grew since the last pause (callers arriving),
+        short of a full batch, at most `gather` times. The line's length is read without the
+        lock: a hint, the batch is taken under it."""
         full = self.cap() - 1
         seen = -1
         for _ in range(self.gather()):
             waiting = len(lane.pending)
-            if waiting == seen or waiting >= full:
+            if waiting <= seen or waiting >= full:
                 return
             seen = waiting
             self.pause()

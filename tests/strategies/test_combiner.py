@@ -7,6 +7,7 @@ from collections.abc import Hashable, Sequence
 
 import pytest
 
+from strategies import combiner as combiner_module
 from strategies.combiner import Combiner, GaveUp, batch_sizes, reset_batch_sizes
 
 
@@ -207,6 +208,8 @@ class Arrivals:
         (3, 4, [3, 4, 5], [[1], [2, 3, 4]], 2),
         # gather 0: never.
         (8, 0, [3], [[1], [2]], 0),
+        # An empty line: one pause, in which nobody comes.
+        (8, 4, [], [[1], [2]], 1),
     ],
 )
 def test_a_caller_handed_the_lead_pauses_while_the_line_grows(
@@ -231,10 +234,61 @@ def test_a_caller_handed_the_lead_pauses_while_the_line_grows(
     assert {item: answers[item] for item in expected} == {item: item * 10 for item in expected}
 
 
-def test_a_lone_caller_and_one_whose_line_is_empty_lead_without_pausing() -> None:
+def test_a_lone_caller_leads_without_pausing() -> None:
     recorder = Recorder()
     combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: 8, gather=lambda: 4)
     arrivals = Arrivals(combiner, "a", [], {})
     combiner.pause = arrivals
     assert combiner.submit("a", 7) == 70
     assert arrivals.pauses == 0
+
+
+def test_a_pause_that_fails_answers_the_handed_leader_and_the_lead_moves_on() -> None:
+    """Whatever fails while a handed-over leader gathers, the callers behind it are answered:
+    the lead passes on and nothing waits forever."""
+    recorder = Recorder()
+    failures = [RuntimeError("the pause failed")]
+
+    def pause() -> None:
+        if failures:
+            raise failures.pop()
+
+    combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: 8, gather=lambda: 4, pause=pause)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    followers = [start(combiner, "a", item, answers) for item in (2, 3)]
+    wait_until(lambda: combiner.pending("a") == 2)
+    recorder.release.set()
+    for thread in [leader, *followers]:
+        thread.join(30)
+    assert isinstance(answers[2], RuntimeError)
+    assert answers[1] == 10 and answers[3] == 30
+    assert combiner.pending("a") == 0
+    assert combiner.submit("a", 4, timeout=5) == 40
+
+
+def test_the_default_pause_gives_up_the_interpreter_without_a_timeout(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    slept: list[float] = []
+    monkeypatch.setattr(combiner_module.time, "sleep", slept.append)
+    recorder = Recorder()
+    combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: 8, gather=lambda: 4)
+    answers: dict = {}  # type: ignore[type-arg]
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    second = start(combiner, "a", 2, answers)
+    wait_until(lambda: combiner.pending("a") == 1)
+    recorder.release.set()
+    for thread in [leader, second]:
+        thread.join(30)
+    assert slept == [0]  # one pause: the line was empty and did not grow
+    assert answers == {1: 10, 2: 20}
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
+def test_the_batched_strategies_gather_as_the_setting_says(settings, strategy: str) -> None:  # type: ignore[no-untyped-def]
+    from strategies import registry
+
+    combiner = registry.get(strategy).combiner
+    settings.REDPACK_BATCH_GATHER = 7
+    assert combiner.gather() == 7
+    settings.REDPACK_BATCH_GATHER = 0
+    assert combiner.gather() == 0
