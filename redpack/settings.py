@@ -384,8 +384,8 @@ REDPACK_REDIS_GRAB_RERUNS = env.int("REDPACK_REDIS_GRAB_RERUNS", default=2)
 # (one Redis script run, one MySQL transaction). Batches form only under contention.
 REDPACK_BATCH_MAX = env.int("REDPACK_BATCH_MAX", default=64)
 # A caller handed a batch's lead lets running threads join the line first: it gives up the
-# interpreter at most this many times, while the line grows (0: never). Measured in
-# docs/benchmarks.md.
+# interpreter once, then again while the line grew since, at most this many times (0: never).
+# Measured in docs/benchmarks.md.
 REDPACK_BATCH_GATHER = env.int("REDPACK_BATCH_GATHER", default=4)
 # Fast answers (redpack/finished.py): seconds a process, and Redis for the others, remembers
 # that an activity is sold out or closed; holders kept per activity at most for the answers.
