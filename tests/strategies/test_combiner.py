@@ -197,6 +197,17 @@ class Arrivals:
             wait_until(lambda: self.combiner.pending(self.key) == waiting + 1)
 
 
+def hand_the_lead_to_a_second_caller(combiner: Combiner, recorder: Recorder, answers: dict) -> None:  # type: ignore[type-arg]
+    """Item 1 leads a held batch while item 2 queues; released, 1 hands 2 the lead. Returns
+    when both are answered."""
+    leader = hold_first_batch(combiner, recorder, "a", answers)
+    second = start(combiner, "a", 2, answers)
+    wait_until(lambda: combiner.pending("a") == 1)
+    recorder.release.set()
+    for thread in [leader, second]:
+        thread.join(30)
+
+
 @pytest.mark.parametrize(
     ("cap", "gather", "arriving", "batches", "pauses"),
     [
@@ -220,12 +231,7 @@ def test_a_caller_handed_the_lead_pauses_while_the_line_grows(
     combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: cap, gather=lambda: gather)
     arrivals = Arrivals(combiner, "a", arriving, answers)
     combiner.pause = arrivals
-    leader = hold_first_batch(combiner, recorder, "a", answers)
-    second = start(combiner, "a", 2, answers)
-    wait_until(lambda: combiner.pending("a") == 1)
-    recorder.release.set()
-    for thread in [leader, second]:
-        thread.join(30)
+    hand_the_lead_to_a_second_caller(combiner, recorder, answers)
     for thread in arrivals.threads:
         thread.join(30)
     expected = [1, 2, *arriving[:pauses]]
@@ -273,12 +279,7 @@ def test_the_default_pause_gives_up_the_interpreter_without_a_timeout(monkeypatc
     recorder = Recorder()
     combiner: Combiner[int, int] = Combiner(recorder, cap=lambda: 8, gather=lambda: 4)
     answers: dict = {}  # type: ignore[type-arg]
-    leader = hold_first_batch(combiner, recorder, "a", answers)
-    second = start(combiner, "a", 2, answers)
-    wait_until(lambda: combiner.pending("a") == 1)
-    recorder.release.set()
-    for thread in [leader, second]:
-        thread.join(30)
+    hand_the_lead_to_a_second_caller(combiner, recorder, answers)
     assert slept == [0]  # one pause: the line was empty and did not grow
     assert answers == {1: 10, 2: 20}
 
