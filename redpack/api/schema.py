@@ -1,5 +1,7 @@
 """OpenAPI: drf-spectacular extensions (imported from RedpackConfig.ready) and AutoSchema."""
 
+from typing import Any
+
 from drf_spectacular.contrib.rest_framework_simplejwt import SimpleJWTScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
@@ -74,3 +76,9 @@ def no_null_characters(result: dict, **kwargs: object) -> dict:
         if name.endswith("Request"):
             visit(component)
     return result
+
+
+def slash_paths_only(endpoints: list[tuple[Any, ...]], **kwargs: object) -> list[tuple[Any, ...]]:
+    """Each route once in the schema, as its name gives it: with the trailing slash (api/urls.py
+    answers it without as well)."""
+    return [endpoint for endpoint in endpoints if endpoint[0].endswith("/")]

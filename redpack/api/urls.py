@@ -1,22 +1,35 @@
-from django.urls import path
+"""The API's routes. Each is named with its trailing slash (as the docs and the schema give it)
+and answered without it too: a client that leaves the slash off reaches the same view instead
+of Django's redirect (APPEND_SLASH), a 301 whose POST most clients would turn into a GET."""
+
+from collections.abc import Callable
+from typing import Any
+
+from django.urls import URLPattern, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from . import views
 
+
+def route(pattern: str, view: Callable[..., Any], name: str) -> list[URLPattern]:
+    """`pattern` (ending in a slash) under `name`, and the same path without the slash."""
+    return [path(pattern, view, name=name), path(pattern.removesuffix("/"), view)]
+
+
 urlpatterns = [
     path("", views.ApiRootView.as_view(), name="api-root"),
-    path("activities/", views.ActivityCreateView.as_view(), name="activity-create"),
-    path("activities/<int:pk>/", views.ActivityDetailView.as_view(), name="activity-detail"),
-    path("activities/<int:pk>/grab/", views.GrabView.as_view(), name="activity-grab"),
-    path("activities/<int:pk>/grabs/", views.ActivityGrabsView.as_view(), name="activity-grabs"),
-    path("me/grabs/", views.MyGrabsView.as_view(), name="my-grabs"),
-    path("me/refunds/", views.MyRefundsView.as_view(), name="my-refunds"),
-    path("me/wallet/", views.MyWalletView.as_view(), name="my-wallet"),
-    path("ping/", views.PingView.as_view(), name="ping"),
-    path("strategies/", views.StrategyListView.as_view(), name="strategies"),
-    path("token/", TokenObtainPairView.as_view(), name="token-obtain"),
-    path("token/refresh/", TokenRefreshView.as_view(), name="token-refresh"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    *route("activities/", views.ActivityCreateView.as_view(), "activity-create"),
+    *route("activities/<int:pk>/", views.ActivityDetailView.as_view(), "activity-detail"),
+    *route("activities/<int:pk>/grab/", views.GrabView.as_view(), "activity-grab"),
+    *route("activities/<int:pk>/grabs/", views.ActivityGrabsView.as_view(), "activity-grabs"),
+    *route("me/grabs/", views.MyGrabsView.as_view(), "my-grabs"),
+    *route("me/refunds/", views.MyRefundsView.as_view(), "my-refunds"),
+    *route("me/wallet/", views.MyWalletView.as_view(), "my-wallet"),
+    *route("ping/", views.PingView.as_view(), "ping"),
+    *route("strategies/", views.StrategyListView.as_view(), "strategies"),
+    *route("token/", TokenObtainPairView.as_view(), "token-obtain"),
+    *route("token/refresh/", TokenRefreshView.as_view(), "token-refresh"),
+    *route("schema/", SpectacularAPIView.as_view(), "schema"),
+    *route("docs/", SpectacularSwaggerView.as_view(url_name="schema"), "docs"),
 ]

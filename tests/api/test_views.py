@@ -218,6 +218,39 @@ def test_schema_docs_and_healthz_are_public():
     assert health.json() == {"status": "degraded"}  # serving; no worker heartbeat in this test
 
 
+def test_a_path_without_its_trailing_slash_reaches_the_same_view(sender, make_users):
+    """No redirect: a 301 would turn most clients' POST into a GET and lose the grab."""
+    grabber = make_users(1)[0]
+    activity_id = send(client_for(sender)).json()["id"]
+    grab = client_for(grabber).post(f"/api/activities/{activity_id}/grab")
+    assert grab.status_code == 200, grab.content
+    assert grab.json()["outcome"] == "grabbed"
+    again = client_for(grabber).post(f"/api/activities/{activity_id}/grab/")
+    assert again.json() == {"outcome": "already_grabbed", "amount": grab.json()["amount"]}
+    assert client_for(grabber).get("/api/ping").json() == {"pong": True}
+    created = client_for(sender).post(
+        "/api/activities",
+        {
+            "total_amount": "1.00",
+            "total_count": 1,
+            "strategy": "pessimistic",
+            "allocation": "double_average",
+            "expires_in": 600,
+        },
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    assert APIClient().post("/api/activities/1/grab").status_code == 401
+    missing = client_for(sender).get("/api/nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_the_schema_names_each_path_once_with_its_slash():
+    paths = APIClient().get("/api/schema/?format=json").json()["paths"]
+    assert all(path.endswith("/") for path in paths)
+    assert "/api/activities/{id}/grab/" in paths and "/api/ping/" in paths
+
+
 def test_grab_of_a_user_only_counts_for_the_token_owner(sender, make_users):
     alice, bob = make_users(2)
     activity_id = send(client_for(sender)).json()["id"]
