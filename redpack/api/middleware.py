@@ -16,7 +16,7 @@ from .errors import error_body
 
 # The hot endpoints authenticate by token alone (no session, no cookie, no CSRF: a bearer token
 # is not sent by a browser on its own): the browser's middleware is skipped for them.
-TOKEN_ONLY_PATHS = re.compile(r"^/api/(ping/|activities/\d+/grab/)$")
+TOKEN_ONLY_PATHS = re.compile(r"^/api/(ping|activities/\d+/grab)/?$")  # slash or not: api/urls.py
 
 
 def browser_only(middleware: type) -> type:
@@ -105,8 +105,10 @@ def _is_credential_path(path: str) -> bool:
 
 @functools.cache
 def _credential_paths(script_prefix: str) -> frozenset[str]:
-    """The login paths under a script prefix, reversed once (every POST asks, grabs included)."""
-    return frozenset(reverse(name) for name in ("token-obtain", "token-refresh", "admin:login"))
+    """The login paths under a script prefix, reversed once (every POST asks, grabs included),
+    each with and without its trailing slash (the API answers both: api/urls.py)."""
+    paths = [reverse(name) for name in ("token-obtain", "token-refresh", "admin:login")]
+    return frozenset(paths + [path.removesuffix("/") for path in paths])
 
 
 def _credential_wait(request: HttpRequest) -> float | None:

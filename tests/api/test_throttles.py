@@ -45,6 +45,24 @@ def test_thirty_wrong_passwords_meet_a_429(login_limits, make_users):
     assert 1 <= int(refused["Retry-After"]) <= 60
 
 
+def test_the_login_paths_without_their_slash_count_in_the_same_limit(login_limits, make_users):
+    """The API answers /api/token as /api/token/ (api/urls.py): both count, together."""
+    (user,) = make_users(1)
+    client = APIClient()
+    codes = [
+        client.post(
+            path, {"username": user.username, "password": "wrong"}, format="json"
+        ).status_code
+        for path in ["/api/token", "/api/token/"] * 6
+    ]
+    assert codes[:10] == [401] * 10 and codes[10:] == [429, 429]
+    refresh = [
+        client.post("/api/token/refresh", {"refresh": "x"}, format="json") for _ in range(20)
+    ]
+    assert refresh[-1].status_code == 429, [r.status_code for r in refresh]
+    assert refresh[-1].json()["error"]["code"] == "throttled"
+
+
 def test_guessing_many_usernames_from_one_address_meets_a_429(login_limits):
     client = APIClient()
     codes = [
