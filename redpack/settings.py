@@ -294,6 +294,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "redpack.api.schema.RedpackAutoSchema",
     "EXCEPTION_HANDLER": "redpack.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "redpack.api.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "redpack.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": None,

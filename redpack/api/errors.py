@@ -29,6 +29,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = error_body("invalid", "the request is not valid", detail)
+    elif isinstance(exc, exceptions.ParseError):
+        # The body as a whole, or the field a parser named (api/parsers.py BodyError).
+        said = str(exc.detail)
+        response.data = error_body("parse_error", said, {getattr(exc, "field", "body"): [said]})
     elif isinstance(exc, exceptions.APIException):
         message = str(exc.detail) if not isinstance(exc.detail, dict | list) else exc.default_detail
         codes = exc.get_codes()

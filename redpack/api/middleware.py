@@ -60,8 +60,9 @@ class RequestIdMiddleware:
 class RequestSizeLimitMiddleware:
     """413 for a declared body above DATA_UPLOAD_MAX_MEMORY_SIZE, before anything reads it.
 
-    Bodies without a Content-Length still stop at the same limit when Django reads them (400).
-    """
+    A body sent without a Content-Length (`Transfer-Encoding: chunked`) is one Django would not
+    read at all (it reads Content-Length bytes): 411, naming the header, rather than a request
+    answered as if it had no body; except on the grab and the ping, which read no body."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -71,6 +72,11 @@ class RequestSizeLimitMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return JsonResponse(error_body("bad_request", "invalid Content-Length"), status=400)
+        chunked = not length and "HTTP_TRANSFER_ENCODING" in request.META
+        if chunked and not TOKEN_ONLY_PATHS.match(request.path_info):  # grab, ping: no body read
+            message = "a request body needs a Content-Length (a chunked body is not read)"
+            body = error_body("length_required", message, {"Content-Length": [message]})
+            return JsonResponse(body, status=411)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
             return JsonResponse(
@@ -120,7 +126,8 @@ def _credential_wait(request: HttpRequest) -> float | None:
         waits.append(ratelimit.hit("login-ip", address, ratelimit.Rate.parse(per_ip)))
     username = _username(request)
     if per_username and username:
-        who = username.lower()[:150]
+        # Counted whatever it holds: a lone surrogate, which Redis cannot take as text, escaped.
+        who = username.lower()[:150].encode("utf-8", "backslashreplace").decode("utf-8")
         waits.append(ratelimit.hit("login-user", who, ratelimit.Rate.parse(per_username)))
     blocked = [wait for wait in waits if wait is not None]
     return max(blocked) if blocked else None
@@ -131,7 +138,7 @@ def _username(request: HttpRequest) -> str | None:
     if request.content_type == "application/json":
         try:
             body = json.loads(request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # the view answers it (400, api/parsers.py)
             return None
         name = body.get("username") if isinstance(body, dict) else None
         return name if isinstance(name, str) else None

@@ -17,7 +17,8 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
         raw = request.query_params.getlist(name)
         if not raw:
             return None
-        valid = len(raw) == 1 and raw[0].isdigit() and len(raw[0]) <= 12
+        # ASCII digits only: str.isdigit() takes "²" (which int() refuses) and "５".
+        valid = len(raw) == 1 and raw[0].isascii() and raw[0].isdigit() and len(raw[0]) <= 12
         if not valid or not low <= int(raw[0]) <= high:
             raise ValidationError({name: [f"must be one integer between {low} and {high}"]})
         return int(raw[0])

@@ -189,6 +189,73 @@ def test_oversized_body_is_413(sender):
     assert not Activity.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("[" * 5000 + "]" * 5000, "body"),  # deeper than Python parses: RecursionError
+        ('{"a":' * 3000 + "1" + "}" * 3000, "body"),
+        ('{"total_amount": "1.00", "total_amount": "2.00", "total_count": 1}', "total_amount"),
+        ('{"total_amount": "1.00", "total_count": 1, "strategy": "\\ud800"}', "strategy"),
+        ('{"allocation": ["\\udfff"], "total_count": 1}', "allocation"),
+        ('{"\\ud800": 1}', "body"),
+        ('"\\ud83d"', "body"),
+    ],
+)
+def test_a_json_body_that_cannot_be_taken_whole_is_a_400_naming_where(sender, body, field):
+    response = client_for(sender).post("/api/activities/", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "parse_error"
+    assert list(error["fields"]) == [field], error
+    assert not Activity.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 5000 + "]" * 5000,
+        '{"username": "\\ud800", "password": "x"}',
+        '{"username": "a", "username": "b", "password": "x"}',
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/token/", "/api/token/refresh/"])
+def test_a_login_body_that_cannot_be_taken_is_a_400_and_still_counted(path, body, settings):
+    settings.REDPACK_LOGIN_RATES = {"ip": "3/min", "username": None}
+    client = APIClient(raise_request_exception=False)
+    codes = [client.post(path, body, content_type="application/json").status_code for _ in range(4)]
+    assert codes == [400, 400, 400, 429]
+
+
+@pytest.mark.parametrize("value", ["²", "５", "٣", "1.0", "-1", " 1", "0x10"])
+@pytest.mark.parametrize("name", ["limit", "offset"])
+def test_paging_takes_ascii_digits_only(sender, name, value):
+    response = client_for(sender).get("/api/me/grabs/", {name: value})
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == [name]
+
+
+def test_a_chunked_body_is_411_naming_content_length_where_a_body_is_read(sender):
+    client = client_for(sender)
+    response = client.post(
+        "/api/activities/",
+        json.dumps(VALID),
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+        CONTENT_LENGTH="",
+    )
+    assert response.status_code == 411, response.content
+    assert list(response.json()["error"]["fields"]) == ["Content-Length"]
+    assert not Activity.objects.exists()
+    # The grab reads no body: answered as it is.
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
+    )
+    grab = client.post(
+        f"/api/activities/{activity.pk}/grab/", HTTP_TRANSFER_ENCODING="chunked", CONTENT_LENGTH=""
+    )
+    assert grab.status_code == 200 and grab.json()["outcome"] == "grabbed", grab.content
+
+
 def test_grab_throttle_answers_429_with_retry_after(
     sender, make_users, settings, one_throttle_window
 ):
@@ -270,7 +337,7 @@ def test_a_signed_token_naming_no_possible_user_is_401(sender, claim):
     """A token signed with the server's key whose user id claim is not one: 401, never a 500
     or another user (a `1.5` is not user 1), on the store-less views and the others alike."""
     activity = services.activity_send(
-        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="redis_counter"
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="pessimistic"
     )
     token = AccessToken.for_user(sender)
     token["user_id"] = claim
