@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +222,19 @@ def uncommitted_rows() -> int:
             "WHERE p.DB = DATABASE()"
         )
         return int(cursor.fetchone()[0])
+
+
+def raw_request(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as is on a new connection; the status, headers and body of the answer
+    (read until the server closes)."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        with suppress(ConnectionResetError):  # closed with some of it unread
+            while chunk := sock.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ")[1]), headers, body

@@ -26,7 +26,7 @@ from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
 
-from .servers import ROOT, free_port, gunicorn, service_env, wait_for
+from .servers import ROOT, free_port, gunicorn, raw_request, service_env, wait_for
 
 
 @pytest.mark.parametrize(
@@ -478,22 +478,6 @@ def _body(sock: socket.socket) -> str:
     return b"".join(chunks).split(b"\r\n\r\n", 1)[1].decode()
 
 
-def _raw(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send `request` as is on a new connection; the status, headers and body of the answer
-    (read until the server closes)."""
-    host, port = base.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(request)
-        answer = b""
-        with contextlib.suppress(ConnectionResetError):  # closed with some of it unread
-            while chunk := sock.recv(65536):
-                answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return int(status_line.split(" ")[1]), headers, body
-
-
 MALFORMED = [
     # (request, status, the field its answer names)
     (
@@ -532,7 +516,7 @@ MALFORMED = [
 def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
     with gunicorn(workers=1, threads=4) as base:
         for request, status, field in MALFORMED:
-            got, headers, body = _raw(base, request)
+            got, headers, body = raw_request(base, request)
             assert (got, headers["content-type"]) == (status, "application/json"), request[:60]
             error = json.loads(body)["error"]
             assert error["code"] in {"bad_request", "request_headers_too_large"}

@@ -79,6 +79,7 @@ def no_null_characters(result: dict, **kwargs: object) -> dict:
 
 
 def slash_paths_only(endpoints: list[tuple[Any, ...]], **kwargs: object) -> list[tuple[Any, ...]]:
-    """Each route once in the schema, as its name gives it: with the trailing slash (api/urls.py
-    answers it without as well)."""
-    return [endpoint for endpoint in endpoints if endpoint[0].endswith("/")]
+    """Each route once in the schema, as its name gives it: an alias api/urls.py answers as well
+    (a path whose form with the trailing slash is routed too) is left out."""
+    routed = {(endpoint[0], endpoint[2]) for endpoint in endpoints}  # (path, method)
+    return [e for e in endpoints if (e[0] + "/", e[2]) not in routed]

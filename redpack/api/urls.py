@@ -12,9 +12,14 @@ from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 from . import views
 
 
+def slashless(route_path: str) -> str:
+    """The alias a route is answered at too: its path without the trailing slash."""
+    return route_path.removesuffix("/")
+
+
 def route(pattern: str, view: Callable[..., Any], name: str) -> list[URLPattern]:
-    """`pattern` (ending in a slash) under `name`, and the same path without the slash."""
-    return [path(pattern, view, name=name), path(pattern.removesuffix("/"), view)]
+    """`pattern` (ending in a slash) under `name`, and its `slashless` alias."""
+    return [path(pattern, view, name=name), path(slashless(pattern), view)]
 
 
 urlpatterns = [
