@@ -59,11 +59,18 @@ class RequestIdMiddleware:
         return response
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
 class RequestSizeLimitMiddleware:
     """413 for a declared body above DATA_UPLOAD_MAX_MEMORY_SIZE, before anything reads it.
 
-    A chunked body (no Content-Length) was read up to one byte over the limit before Django
-    (redpack/wsgi.py), and its Content-Length set from what was read: it is measured the same.
+    A body sent without a Content-Length (`Transfer-Encoding`) is one Django would not read at
+    all (it reads Content-Length bytes): a request that could carry a body the view reads (POST,
+    PUT, PATCH) is answered 411 at once, naming the header, rather than as if it had no body;
+    not the grab and the ping, which read none. Reading such a body here instead would hold a
+    thread for as long as a client takes to send it, before any authentication: a proxy in front
+    (deploy/nginx.conf) reads chunked bodies and passes them on with their length.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -74,6 +81,15 @@ class RequestSizeLimitMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return JsonResponse(error_body("bad_request", "invalid Content-Length"), status=400)
+        if (
+            not length
+            and "HTTP_TRANSFER_ENCODING" in request.META
+            and request.method in BODY_METHODS
+            and not TOKEN_ONLY_PATHS.fullmatch(request.path_info)
+        ):
+            message = "a request body needs a Content-Length (a chunked body is not read)"
+            body = error_body("length_required", message, {"Content-Length": [message]})
+            return JsonResponse(body, status=411)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
             return JsonResponse(

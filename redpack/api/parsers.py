@@ -1,7 +1,8 @@
 """The API's JSON parser: DRF's, stricter. A body it cannot take whole is a 400 naming where it
 went wrong, never a 500 later and never a silent choice:
 
-- a charset other than UTF-8 (RFC 8259: JSON between systems is UTF-8): 400 naming `body`;
+- a charset other than UTF-8 or ASCII (RFC 8259: JSON between systems is UTF-8): 400 naming
+  `body`;
   what the login throttle reads of a body (api/middleware.py) is then what the view reads;
 - nested deeper than Python can parse (RecursionError): 400, not a 500;
 - a key given twice in one object: 400 (DRF's would keep the last value);
@@ -73,7 +74,7 @@ def _where(data: Any, faulty: Callable[[Any], bool]) -> str:
 class StrictJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         encoding = get_encoding(parser_context or {})
-        if codecs.lookup(encoding).name != "utf-8":
+        if codecs.lookup(encoding).name not in {"utf-8", "ascii"}:  # ASCII is UTF-8 too
             raise BodyError(f"JSON is UTF-8, not {encoding}", field="body")
         twice: list[tuple[dict[str, Any], str]] = []  # (an object, a key it was given twice)
 

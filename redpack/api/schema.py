@@ -35,6 +35,7 @@ ERROR_STATUSES = {
     "404": "No such object.",
     "405": "Method not allowed.",
     "406": "Not acceptable.",
+    "411": "A body sent without its Content-Length (chunked): send its length.",
     "413": "Request body too large.",
     "415": "Unsupported media type.",
     "429": "Too many requests; see the Retry-After header.",
