@@ -1,5 +1,12 @@
 """Django-level error views: JSON under /api/ (the DRF handler's shape), HTML elsewhere."""
 
+from django.core.exceptions import (
+    DisallowedHost,
+    RequestDataTooBig,
+    SuspiciousMultipartForm,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
@@ -16,8 +23,24 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     return defaults.page_not_found(request, exception)
 
 
+# What Django refused before any view, named in the answer: the first entry the exception is an
+# instance of (none: the request as a whole).
+_REFUSED_PARTS: tuple[tuple[type[Exception], str, str], ...] = (
+    (DisallowedHost, "Host", "this host is not served here"),
+    (TooManyFieldsSent, "body", "too many fields"),
+    (TooManyFilesSent, "body", "too many files"),
+    (RequestDataTooBig, "body", "request body too large"),
+    (SuspiciousMultipartForm, "body", "malformed multipart body"),
+)
+
+
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
+        for kind, part, message in _REFUSED_PARTS:
+            if isinstance(exception, kind):
+                return JsonResponse(
+                    error_body("bad_request", message, {part: [message]}), status=400
+                )
         return JsonResponse(error_body("bad_request", "the request could not be read"), status=400)
     return defaults.bad_request(request, exception)
 

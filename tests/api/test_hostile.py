@@ -250,6 +250,28 @@ def test_paging_takes_ascii_digits_only(sender, name, value):
     assert list(response.json()["error"]["fields"]) == [name]
 
 
+def test_what_django_refuses_before_a_view_is_answered_in_json_naming_it(sender, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 3
+    client = client_for(sender)
+    host = client.get("/api/me/grabs/", HTTP_HOST="evil.example")
+    assert host.status_code == 400
+    assert list(host.json()["error"]["fields"]) == ["Host"]
+    for form in ["multipart", None]:
+        body = {f"field{i}": "1" for i in range(10)}
+        many = (
+            client.post("/api/activities/", body, format=form)
+            if form
+            else client.post(
+                "/api/activities/",
+                "&".join(f"{k}={v}" for k, v in body.items()),
+                content_type="application/x-www-form-urlencoded",
+            )
+        )
+        assert many.status_code == 400, many.content
+        assert list(many.json()["error"]["fields"]) == ["body"], many.json()
+    assert not Activity.objects.exists()
+
+
 def test_grab_throttle_answers_429_with_retry_after(
     sender, make_users, settings, one_throttle_window
 ):
