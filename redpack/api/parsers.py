@@ -1,9 +1,8 @@
 """The API's JSON parser: DRF's, stricter. A body it cannot take whole is a 400 naming where it
 went wrong, never a 500 later and never a silent choice:
 
-- a charset other than UTF-8 or ASCII (RFC 8259: JSON between systems is UTF-8): 400 naming
-  `body`;
-  what the login throttle reads of a body (api/middleware.py) is then what the view reads;
+- a charset other than UTF-8 or ASCII (RFC 8259: JSON between systems is UTF-8): 400, so that
+  what the login throttle reads of a body (api/middleware.py) is what the view reads;
 - nested deeper than Python can parse (RecursionError): 400, not a 500;
 - a key given twice in one object: 400 (DRF's would keep the last value);
 - a lone surrogate (`"\\ud800"`): no text can hold it, and echoing it in an error message fails
