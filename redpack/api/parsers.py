@@ -14,7 +14,7 @@ echoed is never named).
 
 import codecs
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rest_framework.exceptions import ParseError
@@ -33,19 +33,18 @@ class BodyError(ParseError):
         self.field = field
 
 
-def _walk(value: Any) -> list[Any]:
+def _walk(value: Any) -> Iterator[Any]:
     """`value` and everything in it (object keys included), iteratively: a deep document the
     parser took cannot overflow the stack here."""
-    found, stack = [], [value]
+    stack = [value]
     while stack:
         item = stack.pop()
-        found.append(item)
+        yield item
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return found
 
 
 def _holds_surrogate(value: Any) -> bool:
