@@ -309,6 +309,8 @@ SIMPLE_JWT = {
     "REFRESH_TOKEN_LIFETIME": timedelta(days=env.int("JWT_REFRESH_DAYS", default=1)),
     "AUTH_HEADER_TYPES": ("Bearer",),
     "SIGNING_KEY": SECRET_KEY,
+    # A signed claim that names no time is a 401, not a 500 (redpack/api/auth.py).
+    "AUTH_TOKEN_CLASSES": ("redpack.api.auth.CheckedAccessToken",),
     # A deleted user's refresh token is refused (401), not a 500 (redpack/api/auth.py).
     "TOKEN_REFRESH_SERIALIZER": "redpack.api.auth.RefreshSerializer",
 }

@@ -40,8 +40,10 @@ during a long pass of the loop is served if its next request has come (gthread c
 unread, and the client was reset: `murder_keepalived`). A request gunicorn itself refuses
 (a malformed request line or header, headers too large) is answered in the API's JSON error
 shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Everything
-else (keep-alive, timeouts, graceful shutdown) is gthread's. gunicorn.conf.py makes this the worker
-class of every redpack web server and frees a worker's slot when it exits (`release`).
+else (keep-alive, graceful shutdown) is gthread's, but a request thread waits on its client
+for at most READ_TIMEOUT per read or write (gthread: for ever). gunicorn.conf.py makes this
+the worker class of every redpack web server and frees a worker's slot when it exits
+(`release`).
 """
 
 import contextlib
@@ -85,6 +87,12 @@ clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
 # generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
+# How long a request thread waits on its client, per read (a request's head or body) and per
+# write of the answer: a client that stops sending mid-request (a slow-loris client; a mobile
+# link that died) loses its connection after this long instead of holding one of the worker's
+# threads for as long as it likes; a few dozen such clients would hold them all. None: no limit
+# (gthread's own). Connections between requests wait in the worker's loop, not in a thread.
+READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 OPEN_FILES_MARGIN = 200  # descriptors a process needs besides one per connection
@@ -281,6 +289,12 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._unread_since: deque[tuple[float, Any]] = deque()
         self._listening = False
         self._no_room_until: float | None = None  # set while accept() finds no room
+
+    def handle(self, conn: Any) -> Any:
+        """gthread's, with a limit on how long the thread waits on its client (READ_TIMEOUT):
+        past it, gunicorn closes the connection as after any socket error."""
+        conn.sock.settimeout(READ_TIMEOUT)
+        return super().handle(conn)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):

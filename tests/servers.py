@@ -128,9 +128,9 @@ def grabs_by_outcome(base: str, strategy: str) -> Counter[str]:
 
 
 @contextmanager
-def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
+def gunicorn(workers: int = 2, threads: int = 16, **env: str) -> Iterator[str]:
     """A gunicorn serving the app on a free port (with gunicorn.conf.py, as everywhere, so its
-    /metrics sums its workers); yields its base URL."""
+    /metrics sums its workers), `env` added to its environment; yields its base URL."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -148,7 +148,7 @@ def gunicorn(workers: int = 2, threads: int = 16) -> Iterator[str]:
             "warning",
         ],
         cwd=ROOT,
-        env=service_env(),
+        env=service_env(**env),
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -224,12 +224,17 @@ def uncommitted_rows() -> int:
         return int(cursor.fetchone()[0])
 
 
-def raw_request(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send `request` as is on a new connection; the status, headers and body of the answer
-    (read until the server closes)."""
+def raw_request(
+    base: str, request: bytes, *, end: bool = False
+) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as is on a new connection (`end`: then close the sending side, as a
+    client that has nothing more to send); the status, headers and body of the answer (read
+    until the server closes; a chunked body put together)."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(request)
+        if end:
+            sock.shutdown(socket.SHUT_WR)
         answer = b""
         with suppress(ConnectionResetError):  # closed with some of it unread
             while chunk := sock.recv(65536):
@@ -237,4 +242,16 @@ def raw_request(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line, *lines = head.decode("latin1").split("\r\n")
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    if headers.get("transfer-encoding") == "chunked":
+        body = dechunked(body)
     return int(status_line.split(" ")[1]), headers, body
+
+
+def dechunked(data: bytes) -> bytes:
+    whole = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if not size:
+            return whole
+        whole, data = whole + data[:size], data[size + 2 :]

@@ -522,3 +522,32 @@ def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
             assert error["code"] in {"bad_request", "request_headers_too_large"}
             assert list(error["fields"]) == [field], (request[:60], error)
             assert len(error["message"]) <= 200
+
+
+def test_clients_that_stop_mid_request_lose_their_connection_not_the_servers_threads():
+    """Every thread of a worker held by a client that stopped sending (mid-head, mid-body):
+    past REDPACK_WEB_READ_TIMEOUT each such connection is closed and the next request is
+    answered (with gthread's own reads, never: they wait for as long as the client does)."""
+    stalls = [
+        b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"username": ',
+    ]
+    with gunicorn(workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1") as base:
+        host, port = base.removeprefix("http://").split(":")
+        stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in stalls]
+        try:
+            for sock, start in zip(stalled, stalls, strict=True):
+                sock.sendall(start)
+            status, _, body = raw_request(
+                base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+            assert status in (200, 503) and json.loads(body)["status"], body
+            for sock in stalled:  # closed by the server (the body's with a 400 first)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                assert answer == b"" or answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+        finally:
+            for sock in stalled:
+                sock.close()

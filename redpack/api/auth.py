@@ -11,10 +11,10 @@ from rest_framework_simplejwt.authentication import (
     JWTAuthentication,
     JWTStatelessUserAuthentication,
 )
-from rest_framework_simplejwt.exceptions import InvalidToken
+from rest_framework_simplejwt.exceptions import InvalidToken, TokenError
 from rest_framework_simplejwt.serializers import TokenRefreshSerializer
 from rest_framework_simplejwt.settings import api_settings
-from rest_framework_simplejwt.tokens import Token
+from rest_framework_simplejwt.tokens import AccessToken, RefreshToken, Token
 
 # auth_user.id is a signed 32-bit integer: a claim beyond it names nobody.
 MAX_USER_ID = 2**31 - 1
@@ -29,6 +29,27 @@ def user_id_claim(token: Token) -> int:
     if isinstance(claim, bool) or not isinstance(claim, int) or not 1 <= claim <= MAX_USER_ID:
         raise InvalidToken("the token's user id is not a user id")
     return claim
+
+
+class DatedClaims:
+    """simplejwt's expiry check, for a time a datetime can hold: a signed `exp` of 10**30 or
+    1e308 is TokenError (the view's 401 `token_not_valid`), not an OverflowError (500)."""
+
+    def check_exp(self, claim: str = "exp", current_time: Any = None) -> None:
+        try:
+            super().check_exp(claim, current_time)  # type: ignore[misc]
+        except (OverflowError, OSError, ValueError, TypeError) as exc:
+            raise TokenError(f"the token's '{claim}' claim is not a time") from exc
+
+
+class CheckedAccessToken(DatedClaims, AccessToken):
+    """The access token every view reads (SIMPLE_JWT's AUTH_TOKEN_CLASSES)."""
+
+
+class CheckedRefreshToken(DatedClaims, RefreshToken):  # type: ignore[misc]
+    """The refresh token the refresh reads; the access token it gives is checked the same."""
+
+    access_token_class = CheckedAccessToken
 
 
 class CheckedUserId:
@@ -52,6 +73,8 @@ class UserJWTAuthentication(CheckedUserId, JWTAuthentication):
 
 class RefreshSerializer(TokenRefreshSerializer):
     """simplejwt's refresh, which already refuses an inactive user; a deleted one too."""
+
+    token_class = CheckedRefreshToken
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, str]:
         user_id_claim(self.token_class(attrs["refresh"]))  # TokenError: the view's 401

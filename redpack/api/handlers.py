@@ -14,7 +14,8 @@ from .errors import error_body
 
 
 def _wants_json(request: HttpRequest) -> bool:
-    return request.path.startswith(("/api/", "/healthz"))
+    # `//api/...` or `api/...` (a request target without its leading slash) is the API's too.
+    return request.path.lstrip("/").startswith(("api/", "healthz"))
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

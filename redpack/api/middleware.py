@@ -1,13 +1,16 @@
 import functools
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.urls import get_script_prefix, reverse
 
 from redpack import logs, ratelimit
@@ -71,6 +74,11 @@ class RequestSizeLimitMiddleware:
     not the grab and the ping, which read none. Reading such a body here instead would hold a
     thread for as long as a client takes to send it, before any authentication: a proxy in front
     (deploy/nginx.conf) reads chunked bodies and passes them on with their length.
+
+    A body that ends before its Content-Length (the client closed its side early) is 400 naming
+    the header, before any view: read as it came, it would be taken for a whole request (a send
+    cut short after its first fields would move money). The server reads no more than the
+    declared length, so a body longer than it is not this request's.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -95,7 +103,22 @@ class RequestSizeLimitMiddleware:
             return JsonResponse(
                 error_body("too_large", f"request body over {limit} bytes"), status=413
             )
+        if length and request.method in BODY_METHODS and not _whole_body(request, length):
+            message = f"the body ended before its Content-Length ({length} bytes)"
+            body = error_body("bad_request", message, {"Content-Length": [message]})
+            return JsonResponse(body, status=400)
         return self.get_response(request)
+
+
+def _whole_body(request: HttpRequest, length: int) -> bool:
+    """Whether the request's body arrived in full (read here: the views read it from memory);
+    the grab and the ping read none, so theirs is left unread."""
+    if TOKEN_ONLY_PATHS.fullmatch(request.path_info):
+        return True
+    try:
+        return len(request.body) == length
+    except UnreadablePostError:  # the connection failed mid-body
+        return False
 
 
 class CredentialThrottleMiddleware:
@@ -138,24 +161,61 @@ def _credential_wait(request: HttpRequest) -> float | None:
         address = request.META.get("REMOTE_ADDR", "")
         waits.append(ratelimit.hit("login-ip", address, ratelimit.Rate.parse(per_ip)))
     username = _username(request)
-    if per_username and username:
-        # Counted whatever it holds: a lone surrogate, which Redis cannot take as text, escaped.
-        who = username.lower()[:150].encode("utf-8", "backslashreplace").decode("utf-8")
+    if per_username and username and username.strip():
+        who = _account_of(username)
         waits.append(ratelimit.hit("login-user", who, ratelimit.Rate.parse(per_username)))
     blocked = [wait for wait in waits if wait is not None]
     return max(blocked) if blocked else None
 
 
+USERNAME_MAX = 150  # auth_user.username
+FORM_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+
+
 def _username(request: HttpRequest) -> str | None:
-    """The username a login names, from a form or a JSON body (a refresh names none)."""
-    if request.content_type == "application/json":
-        try:
-            body = json.loads(request.body or b"{}")
-        except (ValueError, RecursionError):  # the view answers it (400, api/parsers.py)
-            return None
-        name = body.get("username") if isinstance(body, dict) else None
-        return name if isinstance(name, str) else None
-    return request.POST.get("username") or None
+    """The username a login names, from a form or, whatever else the body is declared as, a JSON
+    object (the API's parser takes JSON under `*/*` or `application/*` too); a refresh names
+    none."""
+    if request.content_type in FORM_TYPES:
+        return request.POST.get("username") or None
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, RecursionError):  # the view answers it (400, api/parsers.py)
+        return None
+    name = body.get("username") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _account_of(username: str) -> str:
+    """What a login's attempts are counted against: the account the name reaches, or, naming
+    none, the name folded (trimmed, compatibility forms, case, accents and invisible characters
+    dropped). The database matches names as its collation does: on MariaDB `Alice `, `alice`,
+    its fullwidth form and one with a zero-width space inside are one account, which counting
+    each spelling apart would give each its own limit. Both login views trim the name; the
+    admin's form also takes its NFKC form."""
+    name = username.strip()
+    names = {name, unicodedata.normalize("NFKC", name)}
+    try:
+        # No login view takes a NUL, nor a name longer than a username can be.
+        if "\x00" not in name and len(name) <= 2 * USERNAME_MAX:
+            name.encode("utf-8")  # a lone surrogate reaches no account
+            field = get_user_model().USERNAME_FIELD
+            account = (
+                get_user_model()
+                ._default_manager.filter(**{f"{field}__in": names})
+                .order_by("pk")
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if account is not None:
+                return f"id:{account}"
+    except (UnicodeEncodeError, DatabaseError):
+        pass
+    folded = unicodedata.normalize("NFKD", name).casefold()
+    kept = (c for c in folded if not unicodedata.combining(c) and unicodedata.category(c) != "Cf")
+    kept_name = "".join(kept)[:USERNAME_MAX]
+    # Redis takes text: a lone surrogate is escaped.
+    return "name:" + kept_name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _too_many(request: HttpRequest, wait: float) -> HttpResponse:

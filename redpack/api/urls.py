@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.urls import URLPattern, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from . import views
@@ -35,6 +34,6 @@ urlpatterns = [
     *route("strategies/", views.StrategyListView.as_view(), "strategies"),
     *route("token/", TokenObtainPairView.as_view(), "token-obtain"),
     *route("token/refresh/", TokenRefreshView.as_view(), "token-refresh"),
-    *route("schema/", SpectacularAPIView.as_view(), "schema"),
-    *route("docs/", SpectacularSwaggerView.as_view(url_name="schema"), "docs"),
+    *route("schema/", views.SchemaView.as_view(), "schema"),
+    *route("docs/", views.DocsView.as_view(url_name="schema"), "docs"),
 ]

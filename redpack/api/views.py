@@ -1,16 +1,21 @@
 """Thin views: validate with a serializer, call one service, render."""
 
+import functools
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework import generics, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -55,6 +60,25 @@ class ApiRootView(APIView):
         names += ["activity-create", "my-grabs", "my-refunds"]
         endpoints = {name: reverse(name) for name in names}
         return Response({"endpoints": endpoints, "health": reverse("healthz")})
+
+
+class DocumentRenderedForGet:
+    """A view whose document is YAML or HTML (the schema, its UI) answers any other method
+    (OPTIONS, and the 405 of POST, PUT...) in JSON like the rest of the API: its own renderers
+    would give the 405 as text/html, and an OPTIONS as a template that does not exist (500)."""
+
+    def get_renderers(self) -> list[BaseRenderer]:
+        if self.request.method in ("GET", "HEAD"):  # type: ignore[attr-defined]
+            return super().get_renderers()  # type: ignore[misc,no-any-return]
+        return [JSONRenderer()]
+
+
+class SchemaView(DocumentRenderedForGet, SpectacularAPIView):
+    pass
+
+
+class DocsView(DocumentRenderedForGet, SpectacularSwaggerView):
+    pass
 
 
 class ActivityCreateView(APIView):
@@ -260,6 +284,23 @@ class StrategyListView(APIView):
         return Response(StrategySerializer(rows, many=True).data)
 
 
+def read_only(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., HttpResponse]:
+    """A plain view that only reads (GET, HEAD): any other method is 405 in JSON, with Allow,
+    and no CSRF check first (it changes nothing; the check would answer a POST with an HTML
+    403)."""
+
+    @functools.wraps(view)
+    def only_reading(request: HttpRequest) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            message = f'method "{request.method}" not allowed'
+            body = error_body("method_not_allowed", message)
+            return JsonResponse(body, status=405, headers={"Allow": "GET, HEAD"})
+        return view(request)
+
+    return csrf_exempt(only_reading)
+
+
+@read_only
 def healthz(request: HttpRequest) -> JsonResponse:
     """`ok`, `degraded` or `down`, for anyone (load balancers, probes): cheap and cached, no
     details (redpack/health.py). 503 when the database or Redis is down; `degraded` (still 200)
@@ -268,6 +309,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": status_text}, status=code)
 
 
+@read_only
 def metrics(request: HttpRequest) -> HttpResponse:
     """The Prometheus document of this server (redpack/exposition.py): for loopback addresses,
     REDPACK_METRICS_NETWORKS and the bearer of REDPACK_METRICS_TOKEN; 403 for anyone else."""

@@ -1,6 +1,7 @@
-"""A body without a Content-Length (Transfer-Encoding: chunked), which Django would read as
-empty: 411 at once where a view reads a body, over a real socket to gunicorn, the connection
-kept in step; the grab and the ping, which read none, answer as ever."""
+"""Bodies over a real socket to gunicorn. One without a Content-Length (Transfer-Encoding:
+chunked), which Django would read as empty: 411 at once where a view reads a body, the
+connection kept in step; the grab and the ping, which read none, answer as ever. One that ends
+before its Content-Length: 400, never taken for a whole request."""
 
 import http.client
 import json
@@ -8,9 +9,9 @@ import json
 import pytest
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import services
+from redpack import selectors, services
 from redpack.models import Activity, GrabDetail
-from tests.servers import gunicorn
+from tests.servers import gunicorn, raw_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,3 +63,41 @@ def test_a_chunked_body_is_411_where_a_body_is_read_and_the_connection_stays_in_
     assert got[1][1]["outcome"] == "grabbed" and got[2][1] == {"pong": True}
     assert Activity.objects.count() == 1
     assert GrabDetail.objects.filter(activity=activity, user=grabber).count() == 1
+
+
+def test_a_body_cut_short_of_its_content_length_is_400_and_moves_no_money(sender):
+    """A client that closes its side before the body it declared has come (a send cut after its
+    first fields): 400 naming Content-Length, nothing sent, the wallet as it was; the whole
+    body on the same server is taken."""
+    token = str(AccessToken.for_user(sender))
+    before = selectors.wallet_balance(user_id=sender.pk)
+    body = json.dumps({"total_amount": "1.00", "total_count": 1, "strategy": "pessimistic"})
+
+    def send(declared: int, sent: str) -> tuple[int, dict]:
+        head = (
+            f"POST /api/activities/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        status, _, answer = raw_request(base, (head + sent).encode(), end=True)
+        return status, json.loads(answer)
+
+    with gunicorn(workers=1, threads=4) as base:
+        status, answer = send(len(body) + 100, body)
+        assert status == 400, answer
+        assert list(answer["error"]["fields"]) == ["Content-Length"]
+        assert not Activity.objects.exists()
+        assert selectors.wallet_balance(user_id=sender.pk) == before
+        status, answer = send(len(body), body)
+    assert status == 201, answer
+    assert Activity.objects.count() == 1
+
+
+@pytest.mark.parametrize("target", [b"//api/ping/", b"//api/nothing"])
+def test_a_path_of_the_api_with_a_doubled_slash_is_answered_in_json(target):
+    with gunicorn(workers=1, threads=2) as base:
+        status, headers, body = raw_request(
+            base, b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+    assert status == 404 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"]["code"] == "not_found"

@@ -374,6 +374,50 @@ def test_a_signed_token_naming_no_possible_user_is_401(sender, claim):
     assert not GrabDetail.objects.exists()
 
 
+@pytest.mark.parametrize("exp", [10**30, 1e308, 2**63, -(10**30)])
+def test_a_signed_token_whose_expiry_is_no_time_is_401(sender, exp):
+    """An `exp` no datetime can hold, signed with the server's key: 401, not an OverflowError's
+    500, for an access token on either kind of view and for a refresh token."""
+    token = AccessToken.for_user(sender)
+    token["exp"] = exp
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    for response in (client.get("/api/ping/"), client.get("/api/me/wallet/")):
+        assert response.status_code == 401, (exp, response.content)
+        assert response.json()["error"]["code"] == "token_not_valid"
+    refresh = RefreshToken.for_user(sender)
+    refresh["exp"] = exp
+    response = APIClient(raise_request_exception=False).post(
+        "/api/token/refresh/", {"refresh": str(refresh)}, format="json"
+    )
+    assert response.status_code == 401, (exp, response.content)
+
+
+@pytest.mark.parametrize("path", ["/api/docs/", "/api/docs", "/api/schema/"])
+def test_the_schema_and_its_ui_answer_other_methods_in_json(path):
+    """They render YAML or HTML for a GET; an OPTIONS is described and a POST refused in JSON
+    (the UI's template renderer made the OPTIONS a 500 and the 405 an HTML page)."""
+    client = APIClient(raise_request_exception=False)
+    described = client.options(path)
+    assert described.status_code == 200 and described["Content-Type"] == "application/json"
+    for method in (client.post, client.put, client.delete):
+        refused = method(path)
+        assert refused.status_code == 405 and refused["Content-Type"] == "application/json"
+        assert refused.json()["error"]["code"] == "method_not_allowed"
+    assert client.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics"])
+def test_the_probes_refuse_other_methods_in_json_before_any_csrf_check(path):
+    client = APIClient(enforce_csrf_checks=True, raise_request_exception=False)
+    for method in (client.post, client.put, client.delete):
+        refused = method(path)
+        assert refused.status_code == 405, refused.content
+        assert refused.json()["error"]["code"] == "method_not_allowed"
+        assert refused["Allow"] == "GET, HEAD"
+    assert client.get("/healthz").status_code in (200, 503)
+
+
 def test_session_auth_keeps_csrf(sender):
     sender.set_password("pass-word-123")
     sender.save()

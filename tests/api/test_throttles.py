@@ -1,6 +1,7 @@
 """Rate limits counted atomically in Redis (redpack/ratelimit.py): password guessing meets a
 429, a burst gets exactly its rate through, and Redis away is never a 500."""
 
+import json
 import threading
 
 import pytest
@@ -72,6 +73,55 @@ def test_guessing_many_usernames_from_one_address_meets_a_429(login_limits):
         for i in range(31)
     ]
     assert codes[:30] == [401] * 30 and codes[30] == 429
+
+
+def test_another_spelling_of_a_username_counts_against_the_same_account(login_limits, make_users):
+    """The database matches names as its collation does (MariaDB: case, accents, width and
+    invisible characters aside; the views trim spaces): each spelling reaches the same account,
+    so none gets a limit of its own, nor does a JSON body sent as `*/*` (which the API's parser
+    takes as JSON)."""
+    (user,) = make_users(1, prefix="Alice")
+    user.set_password("right-pass-123")
+    user.save()
+    name = user.username
+    client = APIClient()
+    for _ in range(10):
+        wrong = {"username": name, "password": "wrong"}
+        assert client.post("/api/token/", wrong, format="json").status_code == 401
+    spellings = [f"{name} ", f" {name}\t", name.upper(), name.replace("A", "Á"), f"{name}\u200b"]
+    spellings.append(name.translate({ord(c): ord(c) + 0xFEE0 for c in name}))  # fullwidth
+    for spelling in spellings:
+        right = {"username": spelling, "password": "right-pass-123"}
+        response = client.post("/api/token/", right, format="json")
+        assert response.status_code == 429, (spelling, response.content)
+    body = json.dumps({"username": name, "password": "right-pass-123"})
+    for content_type in ("*/*", "application/*"):
+        response = client.post("/api/token/", body, content_type=content_type)
+        assert response.status_code == 429, (content_type, response.content)
+    admin = client.post("/admin/login/", {"username": f"{name.upper()} ", "password": "x"})
+    assert admin.status_code == 429
+
+
+def test_a_name_of_no_account_is_counted_folded(login_limits):
+    client = APIClient()
+    for _ in range(10):
+        guess = {"username": "Ghost", "password": "x"}
+        assert client.post("/api/token/", guess, format="json").status_code == 401
+    for spelling in ("ghost", " GHOST ", "Ghóst", "gh\u200bost"):
+        guess = {"username": spelling, "password": "x"}
+        assert client.post("/api/token/", guess, format="json").status_code == 429, spelling
+
+
+def test_a_name_like_an_account_key_is_not_that_account(login_limits, make_users):
+    """Names and accounts are counted apart: failing as `id:<pk>` does not lock user <pk>."""
+    (user,) = make_users(1)
+    user.set_password("right-pass-123")
+    user.save()
+    client = APIClient()
+    for _ in range(11):
+        client.post("/api/token/", {"username": f"id:{user.pk}", "password": "x"}, format="json")
+    right = {"username": user.username, "password": "right-pass-123"}
+    assert client.post("/api/token/", right, format="json").status_code == 200
 
 
 def test_the_admin_login_is_limited_too(login_limits, client):
