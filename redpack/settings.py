@@ -227,7 +227,7 @@ if not 0 <= REDPACK_WORKER_NICE <= 19:
 # rows per MySQL transaction, and how long one run may go on (seconds).
 REDPACK_CREDIT_INTERVAL = env.float("REDPACK_CREDIT_INTERVAL", default=1.0)
 REDPACK_CREDIT_BATCH = env.int("REDPACK_CREDIT_BATCH", default=500)
-REDPACK_CREDIT_RUN_SECONDS = env.float("REDPACK_CREDIT_RUN_SECONDS", default=20.0)
+REDPACK_CREDIT_RUN_SECONDS = env.float("REDPACK_CREDIT_RUN_SECONDS", default=5.0)
 # Crediting yields to a burst (redpack/credit_pace.py): while grab rows are written at this many
 # per second or faster (0: never yields), it waits, for at most REDPACK_CREDIT_MAX_WAIT seconds.
 REDPACK_CREDIT_YIELD_RATE = env.float("REDPACK_CREDIT_YIELD_RATE", default=500.0)

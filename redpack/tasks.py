@@ -76,7 +76,13 @@ def sync_disabled_users() -> int:
 def credit_grabs() -> int:
     """Every REDPACK_CREDIT_INTERVAL: move each new grab's amount from its activity's escrow to
     the grabber's wallet, once (a lock wait or deadlock retries; nothing half-done survives);
-    not while a burst of grabs goes on, for up to REDPACK_CREDIT_MAX_WAIT (credit_pace.py)."""
+    not while a burst of grabs goes on, for up to REDPACK_CREDIT_MAX_WAIT (credit_pace.py); not
+    while another run goes on (one worker process credits, the others serve the rest)."""
+    with credit_pace.one_run(settings.REDPACK_CREDIT_RUN_SECONDS) as alone:
+        return _credit_grabs() if alone else 0
+
+
+def _credit_grabs() -> int:
     pace = credit_pace.Pace()
     if pace.verdict == credit_pace.WAIT and not shards.enabled():
         return 0

@@ -40,10 +40,10 @@ during a long pass of the loop is served if its next request has come (gthread c
 unread, and the client was reset: `murder_keepalived`). A request gunicorn itself refuses
 (a malformed request line or header, headers too large) is answered in the API's JSON error
 shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Everything
-else (keep-alive, graceful shutdown) is gthread's, but a request thread waits on its client
-for at most READ_TIMEOUT per read or write (gthread: for ever). gunicorn.conf.py makes this
-the worker class of every redpack web server and frees a worker's slot when it exits
-(`release`).
+else (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
+READ_TIMEOUT of a thread taking it (gthread: a thread waits on its client for ever).
+gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
+slot when it exits (`release`).
 """
 
 import contextlib
@@ -65,7 +65,7 @@ from functools import partial
 from multiprocessing.sharedctypes import RawArray, RawValue
 from typing import Any
 
-from gunicorn import util
+from gunicorn import http, util
 from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
@@ -87,11 +87,12 @@ clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
 # generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
-# How long a request thread waits on its client, per read (a request's head or body) and per
-# write of the answer: a client that stops sending mid-request (a slow-loris client; a mobile
-# link that died) loses its connection after this long instead of holding one of the worker's
-# threads for as long as it likes; a few dozen such clients would hold them all. None: no limit
-# (gthread's own). Connections between requests wait in the worker's loop, not in a thread.
+# How long a request may take to arrive in full (its head and its body, from the moment a thread
+# takes it), and the most a thread waits to write each part of its answer: a client that stops
+# sending mid-request, or sends a byte now and then (slow loris), loses its connection past it
+# instead of holding one of the worker's threads for as long as it likes; a few dozen such
+# clients would hold them all. None: no limit (gthread's own). Connections between requests
+# wait in the worker's loop, not in a thread.
 READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -276,6 +277,56 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
     return head.encode("latin1") + body
 
 
+class _Arriving:
+    """The client's socket as gunicorn's request parser reads it (its only call is `recv`), with
+    a deadline for the request under way: past it, or when a read waits until then, the client
+    is taken to have sent nothing more (an end of stream: gunicorn closes the connection quietly
+    before a head; a body read by the app comes out short, which the app answers 400), and
+    `cut` says the connection is out of step, so it is not kept alive."""
+
+    __slots__ = ("sock", "deadline", "cut")
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+        self.cut = False
+
+    def start(self) -> None:
+        """A request begins to arrive (its first bytes are there)."""
+        self.deadline = None if READ_TIMEOUT is None else time.monotonic() + READ_TIMEOUT
+        self.cut = False
+        self.sock.settimeout(READ_TIMEOUT)  # for the answer's writes too
+
+    def recv(self, size: int) -> bytes:
+        if self.deadline is None:
+            return bytes(self.sock.recv(size))
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.cut = True
+            return b""
+        self.sock.settimeout(left)
+        try:
+            return bytes(self.sock.recv(size))
+        except TimeoutError:
+            self.cut = True
+            return b""
+        finally:
+            self.sock.settimeout(READ_TIMEOUT)
+
+
+class _Conn(TConn):  # type: ignore[misc]
+    """gthread's connection, its parser reading through `_Arriving`."""
+
+    arriving: _Arriving
+
+    def init(self) -> None:
+        fresh = self.parser is None  # type: ignore[has-type]
+        super().init()  # wraps the socket for TLS and makes a parser the first time
+        if fresh:
+            self.arriving = _Arriving(self.sock)
+            self.parser = http.RequestParser(self.cfg, self.arriving, self.client)
+
+
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -291,10 +342,12 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._no_room_until: float | None = None  # set while accept() finds no room
 
     def handle(self, conn: Any) -> Any:
-        """gthread's, with a limit on how long the thread waits on its client (READ_TIMEOUT):
-        past it, gunicorn closes the connection as after any socket error."""
-        conn.sock.settimeout(READ_TIMEOUT)
-        return super().handle(conn)
+        """gthread's, with a limit on how long the request may take to arrive (READ_TIMEOUT,
+        `_Arriving`): a connection whose request was cut short is closed after its answer, not
+        kept alive out of step (the rest of a body would be read as the next request)."""
+        conn.arriving.start()
+        keepalive, conn = super().handle(conn)
+        return (keepalive and not conn.arriving.cut), conn
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):
@@ -392,7 +445,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                     return
                 raise
             self._no_room_until = None
-            conn = TConn(self.cfg, sock, client, server)
+            conn = _Conn(self.cfg, sock, client, server)
             self.nr_conns += 1
             self._unread_change(conn, accepted=True)
             with self._lock:

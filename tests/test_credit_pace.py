@@ -190,3 +190,39 @@ def test_without_redis_crediting_does_not_wait(sender, make_users, redis_proxy):
     redis_proxy.cut()
     assert credit_pace.Pace().verdict == credit_pace.QUIET
     assert tasks.credit_grabs() == 3
+
+
+def test_one_run_at_a_time_the_others_return_at_once(sender, make_users, settings):
+    """While another run holds the lease, a run credits nothing and leaves that lease alone
+    (the worker process is free for the persister and expiry); once it is gone, a run credits
+    and gives its own lease back."""
+    grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
+    looked_a_second_ago(0)
+    client = get_redis_connection("default")
+    client.set(credit_pace.RUN_KEY, "another run", px=60_000)
+    assert tasks.credit_grabs() == 0
+    assert pending() == 3
+    assert client.get(credit_pace.RUN_KEY) == b"another run"
+    client.delete(credit_pace.RUN_KEY)
+    assert tasks.credit_grabs() == 3
+    assert not client.exists(credit_pace.RUN_KEY)
+
+
+def test_a_run_that_fails_gives_its_lease_back(sender, make_users):
+    grab_each(send(sender, "10.00", 5), make_users(3, balance="0"))
+    looked_a_second_ago(0)
+    failing = mock.patch.object(ledger, "credit_run", side_effect=RuntimeError("boom"))
+    with failing, pytest.raises(RuntimeError):
+        tasks.credit_grabs()
+    assert not get_redis_connection("default").exists(credit_pace.RUN_KEY)
+    assert tasks.credit_grabs() == 3
+
+
+def test_a_lease_outlived_by_its_run_is_not_taken_from_the_next(sender, make_users):
+    """A run whose lease lapsed, and that another run took meanwhile, ends without ending the
+    other's."""
+    client = get_redis_connection("default")
+    with credit_pace.one_run(1.0) as alone:
+        assert alone
+        client.set(credit_pace.RUN_KEY, "the next run")  # the lease lapsed and was taken
+    assert client.get(credit_pace.RUN_KEY) == b"the next run"

@@ -6,6 +6,7 @@ import errno
 import json
 import resource
 import runpy
+import select
 import selectors
 import socket
 import subprocess
@@ -551,3 +552,54 @@ def test_clients_that_stop_mid_request_lose_their_connection_not_the_servers_thr
         finally:
             for sock in stalled:
                 sock.close()
+
+
+def test_a_client_that_sends_a_byte_now_and_then_loses_its_connection():
+    """A request must arrive in full within REDPACK_WEB_READ_TIMEOUT, however often its client
+    sends a byte (slow loris): the server closes the connection before the client has sent the
+    head it trickles, and serves the next request meanwhile."""
+    trickle = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 300
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="1") as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sent = 0
+            # One byte, then a tenth of a second's wait for the server to close (readable,
+            # nothing to read), again: 300 bytes would take 30 s, thirty times the limit.
+            while sent < len(trickle):
+                sock.sendall(trickle[sent : sent + 1])
+                sent += 1
+                readable, _, _ = select.select([sock], [], [], 0.1)
+                if readable:
+                    assert sock.recv(100) == b""  # closed, nothing said
+                    break
+            assert sent < len(trickle), "the server waited for the whole trickle"
+        status, _, _ = raw_request(
+            base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        assert status in (200, 503)
+
+
+def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
+    """Its 400 comes, and then the end of the connection: the rest of the body, sent late,
+    is never read as a request of its own."""
+    head = (
+        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 40\r\n\r\n"
+    )
+    start = b'{"username": '
+    rest = b'"x", "password": "y"}'.ljust(40 - len(start))
+    later = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with gunicorn(workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1") as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + start)
+            answer = b""
+            while not answer.endswith(b"\r\n0\r\n\r\n") and (chunk := sock.recv(65536)):
+                answer += chunk  # the 400, in chunks
+            with contextlib.suppress(OSError):  # the server may have closed already
+                sock.sendall(rest + later)
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):  # until the server closes
+                    answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer

@@ -1,8 +1,9 @@
 import functools
-import json
+import io
 import re
 import unicodedata
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -12,6 +13,8 @@ from django.contrib.sessions.middleware import SessionMiddleware
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.urls import get_script_prefix, reverse
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.settings import api_settings
 
 from redpack import logs, ratelimit
 
@@ -169,21 +172,31 @@ def _credential_wait(request: HttpRequest) -> float | None:
 
 
 USERNAME_MAX = 150  # auth_user.username
-FORM_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
 
 
 def _username(request: HttpRequest) -> str | None:
-    """The username a login names, from a form or, whatever else the body is declared as, a JSON
-    object (the API's parser takes JSON under `*/*` or `application/*` too); a refresh names
-    none."""
-    if request.content_type in FORM_TYPES:
+    """The username a login names, as its view will read it (a refresh names none): the admin's
+    form from the form body; the API's from the body as DRF parses it, with the parser DRF picks
+    for the declared type (JSON under `*/*`, a form under `*/x-www-form-urlencoded`...), a
+    number as its text (DRF's CharField)."""
+    if not request.path_info.startswith("/api/"):
         return request.POST.get("username") or None
+    content_type = request.META.get("CONTENT_TYPE", "")
+    parsers = [parser() for parser in api_settings.DEFAULT_PARSER_CLASSES]  # type: ignore[operator]
+    negotiation = DefaultContentNegotiation()
+    asked = SimpleNamespace(content_type=content_type)
+    parser = negotiation.select_parser(asked, parsers)  # type: ignore[arg-type]
+    if parser is None:
+        return None  # the view answers 415
+    context = {"request": request, "encoding": request.encoding or settings.DEFAULT_CHARSET}
     try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, RecursionError):  # the view answers it (400, api/parsers.py)
+        data = parser.parse(io.BytesIO(request.body), content_type, context)
+    except Exception:  # noqa: BLE001 - whatever the view's parser refuses, the view answers
         return None
-    name = body.get("username") if isinstance(body, dict) else None
-    return name if isinstance(name, str) else None
+    name = data.get("username") if hasattr(data, "get") else None
+    if isinstance(name, bool) or not isinstance(name, str | int | float):
+        return None
+    return str(name)
 
 
 def _account_of(username: str) -> str:
@@ -196,8 +209,9 @@ def _account_of(username: str) -> str:
     name = username.strip()
     names = {name, unicodedata.normalize("NFKC", name)}
     try:
-        # No login view takes a NUL, nor a name longer than a username can be.
-        if "\x00" not in name and len(name) <= 2 * USERNAME_MAX:
+        # No login view takes a NUL. A name of any length is looked up: the database's
+        # collation ignores some characters, however many there are.
+        if "\x00" not in name:
             name.encode("utf-8")  # a lone surrogate reaches no account
             field = get_user_model().USERNAME_FIELD
             account = (
@@ -212,7 +226,11 @@ def _account_of(username: str) -> str:
     except (UnicodeEncodeError, DatabaseError):
         pass
     folded = unicodedata.normalize("NFKD", name).casefold()
-    kept = (c for c in folded if not unicodedata.combining(c) and unicodedata.category(c) != "Cf")
+    kept = (
+        c
+        for c in folded
+        if not unicodedata.combining(c) and unicodedata.category(c) not in ("Cf", "Cc")
+    )
     kept_name = "".join(kept)[:USERNAME_MAX]
     # Redis takes text: a lone surrogate is escaped.
     return "name:" + kept_name.encode("utf-8", "backslashreplace").decode("utf-8")

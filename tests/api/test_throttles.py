@@ -90,16 +90,37 @@ def test_another_spelling_of_a_username_counts_against_the_same_account(login_li
         assert client.post("/api/token/", wrong, format="json").status_code == 401
     spellings = [f"{name} ", f" {name}\t", name.upper(), name.replace("A", "Á"), f"{name}\u200b"]
     spellings.append(name.translate({ord(c): ord(c) + 0xFEE0 for c in name}))  # fullwidth
+    spellings.append(name + "\u200b" * 400)  # ignored however many, beyond any name's length
     for spelling in spellings:
         right = {"username": spelling, "password": "right-pass-123"}
         response = client.post("/api/token/", right, format="json")
-        assert response.status_code == 429, (spelling, response.content)
+        assert response.status_code == 429, (spelling[:20], response.content)
     body = json.dumps({"username": name, "password": "right-pass-123"})
     for content_type in ("*/*", "application/*"):
         response = client.post("/api/token/", body, content_type=content_type)
         assert response.status_code == 429, (content_type, response.content)
+    form = f"username={name}&password=right-pass-123"
+    for content_type in ("*/x-www-form-urlencoded", "application/x-www-form-urlencoded"):
+        response = client.post("/api/token/", form, content_type=content_type)
+        assert response.status_code == 429, (content_type, response.content)
     admin = client.post("/admin/login/", {"username": f"{name.upper()} ", "password": "x"})
     assert admin.status_code == 429
+
+
+def test_a_number_for_a_name_counts_as_its_text(login_limits, make_users):
+    """DRF's CharField takes 13800138000 as "13800138000": so does the count."""
+    (user,) = make_users(1)
+    user.username = "13800138000"
+    user.set_password("right-pass-123")
+    user.save()
+    client = APIClient()
+    for _ in range(10):
+        wrong = {"username": 13800138000, "password": "wrong"}
+        assert client.post("/api/token/", wrong, format="json").status_code == 401
+    right = {"username": 13800138000, "password": "right-pass-123"}
+    assert client.post("/api/token/", right, format="json").status_code == 429
+    right["username"] = "13800138000"
+    assert client.post("/api/token/", right, format="json").status_code == 429
 
 
 def test_a_name_of_no_account_is_counted_folded(login_limits):
