@@ -49,7 +49,11 @@ LOOK_KEY = "rp:credit:look"  # hash: at (Redis time, s), ids (JSON: alias -> hig
 WAITING_KEY = "rp:credit:waiting_since"  # Redis time (s) the task began to wait
 WINDOW = 0.5  # seconds: a look closer than this to the previous one reuses its rate
 RUN_KEY = "rp:credit:running"  # the token of the crediting run under way, with a lease
-RUN_LEASE_MARGIN = 60.0  # seconds the lease outlives a run's REDPACK_CREDIT_RUN_SECONDS
+# Seconds the lease outlives a run's REDPACK_CREDIT_RUN_SECONDS: a run stops between batches
+# once its time is up, and a batch takes milliseconds; a run killed mid-way holds crediting back
+# this much longer at most. A run that outlives its lease (a long lock wait) may overlap the
+# next: each grab is credited once all the same.
+RUN_LEASE_MARGIN = 10.0
 
 QUIET, WAIT, OVERDUE = "quiet", "wait", "overdue"
 

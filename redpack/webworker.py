@@ -57,6 +57,7 @@ import resource
 import select
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections import deque
@@ -279,36 +280,37 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
 
 class _Arriving:
     """The client's socket as gunicorn's request parser reads it (its only call is `recv`), with
-    a deadline for the request under way: past it, or when a read waits until then, the client
-    is taken to have sent nothing more (an end of stream: gunicorn closes the connection quietly
-    before a head; a body read by the app comes out short, which the app answers 400), and
-    `cut` says the connection is out of step, so it is not kept alive."""
+    a deadline for the request under way: a read that finds nothing by then gives an end of
+    stream (gunicorn closes the connection quietly before a head; a body read by the app comes
+    out short, which the app answers 400), and the connection is `cut`: out of step, it is not
+    kept alive, and the answer says so (Connection: close)."""
 
-    __slots__ = ("sock", "deadline", "cut")
+    __slots__ = ("sock", "deadline", "cut", "request")
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.deadline: float | None = None
         self.cut = False
+        self.request: Any = None  # gunicorn's request being answered, once its head is read
 
     def start(self) -> None:
         """A request begins to arrive (its first bytes are there)."""
         self.deadline = None if READ_TIMEOUT is None else time.monotonic() + READ_TIMEOUT
         self.cut = False
+        self.request = None
         self.sock.settimeout(READ_TIMEOUT)  # for the answer's writes too
 
     def recv(self, size: int) -> bytes:
         if self.deadline is None:
             return bytes(self.sock.recv(size))
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            self.cut = True
-            return b""
-        self.sock.settimeout(left)
+        # Past the deadline, what has come already is still read (without waiting).
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 0.0))
         try:
             return bytes(self.sock.recv(size))
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError):
             self.cut = True
+            if self.request is not None:
+                self.request.must_close = True  # read when the answer's head is written
             return b""
         finally:
             self.sock.settimeout(READ_TIMEOUT)
@@ -348,6 +350,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         conn.arriving.start()
         keepalive, conn = super().handle(conn)
         return (keepalive and not conn.arriving.cut), conn
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        conn.arriving.request = req  # a body cut short closes the connection after its answer
+        return super().handle_request(req, conn)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):

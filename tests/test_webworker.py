@@ -602,4 +602,5 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
                 while chunk := sock.recv(65536):  # until the server closes
                     answer += chunk
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+    assert b"\r\nConnection: close\r\n" in answer.partition(b"\r\n\r\n")[0], answer[:300]
     assert answer.count(b"HTTP/1.1 ") == 1, answer

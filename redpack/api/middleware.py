@@ -193,6 +193,7 @@ def _username(request: HttpRequest) -> str | None:
         data = parser.parse(io.BytesIO(request.body), content_type, context)
     except Exception:  # noqa: BLE001 - whatever the view's parser refuses, the view answers
         return None
+    data = getattr(data, "data", data)  # a multipart body: its fields (DataAndFiles)
     name = data.get("username") if hasattr(data, "get") else None
     if isinstance(name, bool) or not isinstance(name, str | int | float):
         return None

@@ -103,6 +103,8 @@ def test_another_spelling_of_a_username_counts_against_the_same_account(login_li
     for content_type in ("*/x-www-form-urlencoded", "application/x-www-form-urlencoded"):
         response = client.post("/api/token/", form, content_type=content_type)
         assert response.status_code == 429, (content_type, response.content)
+    multipart = client.post("/api/token/", {"username": name, "password": "right-pass-123"})
+    assert multipart.status_code == 429, multipart.content
     admin = client.post("/admin/login/", {"username": f"{name.upper()} ", "password": "x"})
     assert admin.status_code == 429
 
