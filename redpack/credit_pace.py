@@ -25,8 +25,8 @@ Without Redis, or with a database that does not answer the look, crediting does 
 One run at a time (`one_run`): beat asks for a run every REDPACK_CREDIT_INTERVAL, and a run
 lasts up to REDPACK_CREDIT_RUN_SECONDS; without a lease, a backlog (the grabs of a long burst,
 or of a worker that was down) had every worker process crediting at once, and the persister of
-redis_queue_async, expiry and the heartbeat queued behind them: measured, a burst's grabs
-reached MySQL 22 s after their answers instead of about one persist interval.
+redis_queue_async, expiry and the heartbeat queued behind them: a burst's grabs reached MySQL
+12-22 s after their answers instead of within one persist interval (docs/operations.md).
 """
 
 import contextlib
