@@ -127,8 +127,7 @@ def _whole_body(request: HttpRequest, length: int) -> bool:
 class CredentialThrottleMiddleware:
     """Password guessing meets a limit: POSTs to the token endpoints and the admin login are
     counted per client IP and per account a name reaches (REDPACK_LOGIN_RATES; `_account_of`),
-    atomically in Redis
-    (redpack/ratelimit.py), and answered 429 with Retry-After beyond it."""
+    atomically in Redis (redpack/ratelimit.py), and answered 429 with Retry-After beyond it."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
