@@ -14,8 +14,9 @@ from .errors import error_body
 
 
 def _wants_json(request: HttpRequest) -> bool:
-    # `//api/...` or `api/...` (a request target without its leading slash) is the API's too.
-    return request.path.lstrip("/").startswith(("api/", "healthz"))
+    # `//api/...` or `api/...` (a request target without its leading slash) is the API's too;
+    # the probes' paths answer in JSON, and so does what is near them (`/metrics/`).
+    return request.path.lstrip("/").startswith(("api/", "healthz", "metrics"))
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

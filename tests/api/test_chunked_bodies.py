@@ -93,8 +93,9 @@ def test_a_body_cut_short_of_its_content_length_is_400_and_moves_no_money(sender
     assert Activity.objects.count() == 1
 
 
-@pytest.mark.parametrize("target", [b"//api/ping/", b"//api/nothing"])
-def test_a_path_of_the_api_with_a_doubled_slash_is_answered_in_json(target):
+@pytest.mark.parametrize("target", [b"//api/ping/", b"//api/nothing", b"/metrics/"])
+def test_a_path_near_the_apis_is_answered_in_json(target):
+    """A doubled slash before the API's paths, a slash after the metrics' path."""
     with gunicorn(workers=1, threads=2) as base:
         status, headers, body = raw_request(
             base, b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
