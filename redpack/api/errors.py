@@ -34,7 +34,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         said = str(exc.detail)
         response.data = error_body("parse_error", said, {getattr(exc, "field", "body"): [said]})
     elif isinstance(exc, exceptions.APIException):
-        message = str(exc.detail) if not isinstance(exc.detail, dict | list) else exc.default_detail
+        said_as: Any = exc.detail
+        if isinstance(said_as, dict) and isinstance(said_as.get("code"), str):
+            # simplejwt's errors carry their code and message in a dict (DetailDictMixin): a
+            # deactivated user's token is `user_inactive` here as on the token-only views.
+            response.data = error_body(str(said_as["code"]), str(said_as.get("detail", "")))
+            return response
+        message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
         response.data = error_body(
             codes if isinstance(codes, str) else exc.default_code, str(message)

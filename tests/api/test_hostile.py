@@ -490,3 +490,15 @@ def test_a_token_outliving_its_user_cannot_grab(strategy, sender, make_users):
     response = client.post(f"/api/activities/{activity.pk}/grab/")
     assert response.status_code in {403, 409}, response.content
     assert not GrabDetail.objects.filter(activity=activity).exists()
+
+
+def test_a_deactivated_users_token_is_named_so_on_every_kind_of_view(sender):
+    """The views that read the user's row (simplejwt's errors, a code and message in a dict)
+    say `user_inactive` as the token-only views do, not a generic code."""
+    client = client_for(sender)
+    sender.is_active = False
+    sender.save()
+    for response in (client.get("/api/me/wallet/"), client.get("/api/me/grabs/")):
+        assert response.status_code == 401, response.content
+        error = response.json()["error"]
+        assert error["code"] == "user_inactive" and error["message"], error
