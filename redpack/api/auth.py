@@ -84,3 +84,7 @@ class RefreshSerializer(TokenRefreshSerializer):
             raise AuthenticationFailed(
                 self.error_messages["no_active_account"], "no_active_account"
             ) from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            # A signed claim the new access token copies but cannot be signed with (an `iss`
+            # that is not a string): the token is refused, not a 500.
+            raise InvalidToken("the token's claims cannot be carried into a new token") from exc

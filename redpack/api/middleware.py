@@ -165,7 +165,10 @@ def _credential_wait(request: HttpRequest) -> float | None:
         waits.append(ratelimit.hit("login-ip", address, ratelimit.Rate.parse(per_ip)))
     username = _username(request)
     if per_username and username and username.strip():
-        who = _account_of(username)
+        # The admin's form logs in the name's NFKC form (Django's UsernameField); the API, the
+        # name as given.
+        admin = not request.path_info.startswith("/api/")
+        who = _account_of(unicodedata.normalize("NFKC", username) if admin else username)
         waits.append(ratelimit.hit("login-user", who, ratelimit.Rate.parse(per_username)))
     blocked = [wait for wait in waits if wait is not None]
     return max(blocked) if blocked else None
@@ -205,10 +208,9 @@ def _account_of(username: str) -> str:
     none, the name folded (trimmed, compatibility forms, case, accents and invisible characters
     dropped). The database matches names as its collation does: on MariaDB `Alice `, `alice`,
     its fullwidth form and one with a zero-width space inside are one account, which counting
-    each spelling apart would give each its own limit. Both login views trim the name; the
-    admin's form also takes its NFKC form."""
+    each spelling apart would give each its own limit. `username` as the login view takes it;
+    both trim it."""
     name = username.strip()
-    names = {name, unicodedata.normalize("NFKC", name)}
     try:
         # No login view takes a NUL. A name of any length is looked up: the database's
         # collation ignores some characters, however many there are.
@@ -217,7 +219,7 @@ def _account_of(username: str) -> str:
             field = get_user_model().USERNAME_FIELD
             account = (
                 get_user_model()
-                ._default_manager.filter(**{f"{field}__in": names})
+                ._default_manager.filter(**{field: name})
                 .order_by("pk")
                 .values_list("pk", flat=True)
                 .first()

@@ -63,22 +63,31 @@ class ApiRootView(APIView):
 
 
 class DocumentRenderedForGet:
-    """A view whose document is YAML or HTML (the schema, its UI) answers any other method
-    (OPTIONS, and the 405 of POST, PUT...) in JSON like the rest of the API: its own renderers
-    would give the 405 as text/html, and an OPTIONS as a template that does not exist (500)."""
+    """A view whose document is YAML or HTML (the schema, its UI), public: it reads no token (a
+    stale Authorization header a browser or client still sends gets the document, not a 401),
+    answers any other method (OPTIONS, and the 405 of POST, PUT...) in JSON like the rest of the
+    API, and its errors too (a format it does not render, `?format=json` on the UI): its own
+    renderers gave them as text/html or YAML, an OPTIONS as a template that does not exist
+    (500)."""
 
     def get_renderers(self) -> list[BaseRenderer]:
         if self.request.method in ("GET", "HEAD"):  # type: ignore[attr-defined]
             return super().get_renderers()  # type: ignore[misc,no-any-return]
         return [JSONRenderer()]
 
+    def handle_exception(self, exc: Exception) -> Response:
+        response: Response = super().handle_exception(exc)  # type: ignore[misc]
+        self.request.accepted_renderer = JSONRenderer()  # type: ignore[attr-defined]
+        self.request.accepted_media_type = "application/json"  # type: ignore[attr-defined]
+        return response
+
 
 class SchemaView(DocumentRenderedForGet, SpectacularAPIView):
-    pass
+    authentication_classes: list[type] = []  # public (DocumentRenderedForGet)
 
 
 class DocsView(DocumentRenderedForGet, SpectacularSwaggerView):
-    pass
+    authentication_classes: list[type] = []
 
 
 class ActivityCreateView(APIView):

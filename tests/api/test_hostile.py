@@ -407,6 +407,34 @@ def test_the_schema_and_its_ui_answer_other_methods_in_json(path):
     assert client.get(path).status_code == 200
 
 
+def test_the_schema_and_its_ui_ignore_a_stale_token_and_answer_their_errors_in_json():
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION="Bearer a.b.c")
+    assert client.get("/api/docs/").status_code == 200
+    assert client.get("/api/schema/").status_code == 200
+    for path in ("/api/docs/?format=json", "/api/schema/?format=xml"):
+        refused = client.get(path)
+        assert refused.status_code == 404 and refused["Content-Type"] == "application/json"
+        assert refused.json()["error"]["code"] == "not_found"
+    odd = client.get("/api/docs/", HTTP_ACCEPT="application/json")
+    assert odd.status_code == 406 and odd["Content-Type"] == "application/json"
+
+
+def test_a_refresh_token_whose_claims_cannot_be_signed_again_is_401(sender):
+    """A signed `iss` that is not a string: the access token made from it could not be
+    signed; the refresh is refused, not a 500."""
+    from django.conf import settings
+    from jwt.api_jws import PyJWS
+
+    payload = dict(RefreshToken.for_user(sender).payload, iss=1)  # PyJWT signs no such iss
+    signed = PyJWS().encode(json.dumps(payload).encode(), settings.SECRET_KEY, algorithm="HS256")
+    response = APIClient(raise_request_exception=False).post(
+        "/api/token/refresh/", {"refresh": signed}, format="json"
+    )
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "token_not_valid"
+
+
 @pytest.mark.parametrize("path", ["/healthz", "/metrics"])
 def test_the_probes_refuse_other_methods_in_json_before_any_csrf_check(path):
     client = APIClient(enforce_csrf_checks=True, raise_request_exception=False)

@@ -109,6 +109,25 @@ def test_another_spelling_of_a_username_counts_against_the_same_account(login_li
     assert admin.status_code == 429
 
 
+def test_attempts_are_charged_to_the_account_the_view_would_log_in(login_limits, make_users):
+    """Two accounts whose names differ only by a character whose NFKC form is the other's
+    (`𝐛` and `b`): the API logs in the name as given, the admin's form its NFKC form; each
+    path's attempts count against the account that path would log in, never the other."""
+    plain, styled = make_users(2, prefix="nfkc")
+    plain.username, styled.username = "nfkc_b", "nfkc_\U0001d41b"  # the second: 𝐛
+    for user in (plain, styled):
+        user.set_password("right-pass-123")
+        user.save()
+    client = APIClient()
+    for _ in range(10):
+        wrong = {"username": styled.username, "password": "wrong"}
+        assert client.post("/api/token/", wrong, format="json").status_code == 401
+    right = {"username": styled.username, "password": "right-pass-123"}
+    assert client.post("/api/token/", right, format="json").status_code == 429
+    right["username"] = plain.username
+    assert client.post("/api/token/", right, format="json").status_code == 200
+
+
 def test_a_number_for_a_name_counts_as_its_text(login_limits, make_users):
     """DRF's CharField takes 13800138000 as "13800138000": so does the count."""
     (user,) = make_users(1)
