@@ -92,12 +92,14 @@ class RequestSizeLimitMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return JsonResponse(error_body("bad_request", "invalid Content-Length"), status=400)
-        if (
-            not length
-            and "HTTP_TRANSFER_ENCODING" in request.META
+        # A body a view may read (asked only of a request that sends one): not the grab's or the
+        # ping's, which read none.
+        reads_body = (
+            bool(length or "HTTP_TRANSFER_ENCODING" in request.META)
             and request.method in BODY_METHODS
             and not TOKEN_ONLY_PATHS.fullmatch(request.path_info)
-        ):
+        )
+        if reads_body and not length:
             message = "a request body needs a Content-Length (a chunked body is not read)"
             body = error_body("length_required", message, {"Content-Length": [message]})
             return JsonResponse(body, status=411)
@@ -106,7 +108,7 @@ class RequestSizeLimitMiddleware:
             return JsonResponse(
                 error_body("too_large", f"request body over {limit} bytes"), status=413
             )
-        if length and request.method in BODY_METHODS and not _whole_body(request, length):
+        if reads_body and length and not _whole_body(request, length):
             message = f"the body ended before its Content-Length ({length} bytes)"
             body = error_body("bad_request", message, {"Content-Length": [message]})
             return JsonResponse(body, status=400)
@@ -114,10 +116,7 @@ class RequestSizeLimitMiddleware:
 
 
 def _whole_body(request: HttpRequest, length: int) -> bool:
-    """Whether the request's body arrived in full (read here: the views read it from memory);
-    the grab and the ping read none, so theirs is left unread."""
-    if TOKEN_ONLY_PATHS.fullmatch(request.path_info):
-        return True
+    """Whether the request's body arrived in full (read here: the views read it from memory)."""
     try:
         return len(request.body) == length
     except UnreadablePostError:  # the connection failed mid-body
@@ -163,11 +162,11 @@ def _credential_wait(request: HttpRequest) -> float | None:
     if per_ip:
         address = request.META.get("REMOTE_ADDR", "")
         waits.append(ratelimit.hit("login-ip", address, ratelimit.Rate.parse(per_ip)))
-    username = _username(request)
+    admin = not request.path_info.startswith("/api/")  # else the API's token paths
+    username = _username(request, admin=admin)
     if per_username and username and username.strip():
         # The admin's form logs in the name's NFKC form (Django's UsernameField); the API, the
         # name as given.
-        admin = not request.path_info.startswith("/api/")
         who = _account_of(unicodedata.normalize("NFKC", username) if admin else username)
         waits.append(ratelimit.hit("login-user", who, ratelimit.Rate.parse(per_username)))
     blocked = [wait for wait in waits if wait is not None]
@@ -177,12 +176,12 @@ def _credential_wait(request: HttpRequest) -> float | None:
 USERNAME_MAX = 150  # auth_user.username
 
 
-def _username(request: HttpRequest) -> str | None:
+def _username(request: HttpRequest, *, admin: bool) -> str | None:
     """The username a login names, as its view will read it (a refresh names none): the admin's
     form from the form body; the API's from the body as DRF parses it, with the parser DRF picks
     for the declared type (JSON under `*/*`, a form under `*/x-www-form-urlencoded`...), a
     number as its text (DRF's CharField)."""
-    if not request.path_info.startswith("/api/"):
+    if admin:
         return request.POST.get("username") or None
     content_type = request.META.get("CONTENT_TYPE", "")
     parsers = [parser() for parser in api_settings.DEFAULT_PARSER_CLASSES]  # type: ignore[operator]
