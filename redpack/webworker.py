@@ -39,7 +39,10 @@ the queue for later instead of failing. A kept-alive connection whose keep-alive
 during a long pass of the loop is served if its next request has come (gthread closed it
 unread, and the client was reset: `murder_keepalived`). A request gunicorn itself refuses
 (a malformed request line or header, headers too large) is answered in the API's JSON error
-shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Everything
+shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Requests a
+client sends without waiting for the answers (HTTP pipelining) are answered in turn, where
+gthread answered the first and closed the connection, the rest unanswered, when its keep-alive
+ran out (`next_request_read`). Everything
 else (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
 READ_TIMEOUT of a thread taking it (gthread: a thread waits on its client for ever).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
@@ -68,6 +71,7 @@ from typing import Any
 
 from gunicorn import http, util
 from gunicorn.http import errors as http_errors
+from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
@@ -316,10 +320,33 @@ class _Arriving:
             self.sock.settimeout(READ_TIMEOUT)
 
 
+def next_request_read(parser: Any) -> bool:
+    """Whether the client's next request on this connection has been read already, with the
+    request just answered (HTTP pipelining). What is left of that request's body (a view need
+    not read it) is discarded first, as gunicorn's parser does before the next request, but only
+    when all of it has been read: the rest of a body still on its way is left to the loop, which
+    waits for the socket. A chunked body is left to it too."""
+    body = getattr(parser.mesg, "body", None)
+    reader = getattr(body, "reader", None)
+    if body is None or not isinstance(reader, LengthReader):
+        return False
+    if reader.length > _buffered(parser.unreader):
+        return False
+    while body.read(8192):  # from the buffer alone: no read waits on the socket
+        pass
+    return _buffered(parser.unreader) > 0
+
+
+def _buffered(unreader: Any) -> int:
+    unreader.buf.seek(0, os.SEEK_END)  # where gunicorn's reads put it too
+    return int(unreader.buf.tell())
+
+
 class _Conn(TConn):  # type: ignore[misc]
     """gthread's connection, its parser reading through `_Arriving`."""
 
     arriving: _Arriving
+    pipelined = False  # its next request was read with the last one (`next_request_read`)
 
     def init(self) -> None:
         fresh = self.parser is None  # type: ignore[has-type]
@@ -346,10 +373,14 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def handle(self, conn: Any) -> Any:
         """gthread's, with a limit on how long the request may take to arrive (READ_TIMEOUT,
         `_Arriving`): a connection whose request was cut short is closed after its answer, not
-        kept alive out of step (the rest of a body would be read as the next request)."""
+        kept alive out of step (the rest of a body would be read as the next request). A kept
+        connection whose next request was read with this one (`next_request_read`) is served
+        again at once (`finish_request`)."""
         conn.arriving.start()
         keepalive, conn = super().handle(conn)
-        return (keepalive and not conn.arriving.cut), conn
+        keepalive = keepalive and not conn.arriving.cut
+        conn.pipelined = keepalive and next_request_read(conn.parser)
+        return keepalive, conn
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
@@ -418,12 +449,30 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         fs.add_done_callback(self.finish_request)
 
     def finish_request(self, fs: futures.Future[Any]) -> None:
+        """gthread's; but a kept-alive connection whose next request has been read already
+        (HTTP pipelining: the client sent it without waiting for this answer) goes back to the
+        threads at once. Left to the loop, it would wait for its socket to become readable, which
+        it never does: its next request is in the parser's buffer, not the socket's, and gthread
+        closed it unanswered when its keep-alive ran out."""
         try:
-            super().finish_request(fs)
+            if not self._serve_next(fs):
+                super().finish_request(fs)
         finally:
             with self._pending_lock:
                 self._pending.discard(fs)
                 self._publish_held()
+
+    def _serve_next(self, fs: futures.Future[Any]) -> bool:
+        if fs.cancelled() or fs.exception() is not None:
+            return False
+        keepalive, conn = fs.result()
+        if not (keepalive and self.alive and getattr(conn, "pipelined", False)):
+            return False
+        try:
+            self.enqueue_req(conn)
+        except RuntimeError:  # the threads are shutting down: closed, as gthread's would be
+            return False
+        return True
 
     def accept(self, server: Any, listener: Any) -> None:
         """Every waiting connection `may_accept` allows, where gthread takes one per pass of

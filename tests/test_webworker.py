@@ -3,6 +3,7 @@ on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
 import errno
+import http.client
 import json
 import resource
 import runpy
@@ -604,3 +605,75 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
     assert b"\r\nConnection: close\r\n" in answer.partition(b"\r\n\r\n")[0], answer[:300]
     assert answer.count(b"HTTP/1.1 ") == 1, answer
+
+
+def _answers_until_closed(sock: socket.socket) -> list[int]:
+    """The statuses of every answer on `sock`, in order, read (by http.client, each answer's
+    body by its length or chunks) until the server closes the connection."""
+
+    class Shared:  # every answer read from one buffered reader, which an answer read leaves open
+        def __init__(self, reader: Any) -> None:
+            self.reader = reader
+
+        def makefile(self, mode: str) -> Any:
+            return self
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.reader, name)
+
+        def close(self) -> None:
+            pass
+
+    reader = sock.makefile("rb")
+    statuses = []
+    while reader.peek(1):
+        answer = http.client.HTTPResponse(Shared(reader))  # type: ignore[arg-type]
+        answer.begin()
+        answer.read()
+        statuses.append(answer.status)
+    return statuses
+
+
+def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
+    """HTTP pipelining: a client (wrk with a pipelining script, say) sends its next requests
+    without waiting for the answers. gthread answered the first and then waited for the socket
+    to become readable, which it never did (the rest was in its parser's buffer): the others
+    went unanswered and the connection was closed when its keep-alive ran out. A body the view
+    does not read (the grab's) or reads (the login's) is passed over, not read as a request."""
+    together = (
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 14\r\n\r\n"
+        b"GET / HTTP/1.1"  # a body, not a request
+        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+        b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(together)
+            statuses = _answers_until_closed(sock)
+    assert len(statuses) == 4, statuses
+    assert statuses[0] in (200, 503)  # /healthz, whatever the services' state
+    assert statuses[1:] == [401, 400, 404]
+
+
+def test_the_rest_of_a_body_still_on_its_way_is_not_read_as_the_next_request():
+    """The grab answers before its body has all come (it reads none): the rest of that body,
+    sent after the answer, is passed over, and the request after it is answered."""
+    head = b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 30\r\n\r\n"
+    first, rest = b"GET /nowhere/ HTT", b"P/1.1\r\n\r\n\r\n\r\n"
+    assert len(first + rest) == 30
+    later = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + first)
+            answer = b""
+            while b"\r\n0\r\n\r\n" not in answer and b'"code"' not in answer:
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk  # the grab's 401, before the rest of its body was sent
+            assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
+            sock.sendall(rest + later)
+            assert _answers_until_closed(sock) == [401]  # the ping's, without a token
