@@ -66,6 +66,16 @@ def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
 
 
+class OneLinePerContendedGrab(logging.Filter):
+    """On django.request, which logs every 4xx answer as a WARNING: a 409 (only a grab answers
+    one: `contended`) is logged once already, as the `grab_contended` event, and in a hot burst
+    there are thousands of them; its second line is dropped. Every other answer is logged as
+    Django logs it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "status_code", None) != 409
+
+
 class JsonFormatter(logging.Formatter):
     """{"ts": ..., "level": ..., "logger": ..., "message": ..., "event": ..., <extra>...}."""
 

@@ -454,6 +454,7 @@ LOGGING = {
         "json": {"()": "redpack.logs.JsonFormatter"},
         "plain": {"()": "redpack.logs.PlainFormatter"},
     },
+    "filters": {"one_line_per_contended_grab": {"()": "redpack.logs.OneLinePerContendedGrab"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
         **(
@@ -476,6 +477,7 @@ LOGGING = {
             name: {"level": env.str("CELERY_TASK_LOG_LEVEL", default="WARNING")}
             for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
         },
+        "django.request": {"filters": ["one_line_per_contended_grab"]},
         "redpack.persist.failures": {
             "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],
         },

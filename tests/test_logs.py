@@ -11,6 +11,7 @@ from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import OperationalError
 from django.test import override_settings
+from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import celery_app, logs, services, tasks
 from redpack.logs import JsonFormatter, PlainFormatter
@@ -89,6 +90,28 @@ def test_grab_events(dummies, sender, caplog):  # type: ignore[no-untyped-def]
         {"event": "lock_timeout", "activity": locked, "user": 5},
     ]
     assert caplog.records[1].exc_info is not None  # the unexpected one keeps its traceback
+
+
+@pytest.mark.django_db
+def test_a_contended_grab_answered_over_http_is_one_line(
+    dummies, client, sender, make_users, caplog
+):  # type: ignore[no-untyped-def]
+    """Its `grab_contended` event, and not django.request's WARNING for the 409 besides (a hot
+    burst answers thousands); another 4xx keeps Django's line."""
+    caplog.set_level(logging.INFO)
+    (grabber,) = make_users(1)
+    token = f"Bearer {AccessToken.for_user(grabber)}"
+    contended = activity_of("contended", sender)
+    caplog.clear()
+    answer = client.post(f"/api/activities/{contended}/grab/", HTTP_AUTHORIZATION=token)
+    assert answer.status_code == 409
+    assert events(caplog) == [
+        {"event": "grab_contended", "activity": contended, "user": grabber.pk}
+    ]
+    assert not [r for r in caplog.records if r.name == "django.request"]
+    assert client.post("/api/activities/999999/grab/", HTTP_AUTHORIZATION=token).status_code == 404
+    (missing,) = [r for r in caplog.records if r.name == "django.request"]
+    assert missing.levelno == logging.WARNING and missing.status_code == 404  # type: ignore[attr-defined]
 
 
 def test_lock_timeouts_are_recognised():
