@@ -320,34 +320,6 @@ class _Arriving:
             self.sock.settimeout(READ_TIMEOUT)
 
 
-# The request a thread of this worker is answering (handle_request), for close_after_answer.
-_answering = threading.local()
-
-
-def close_after_answer() -> None:
-    """The connection of the request this thread is answering is closed after the answer (which
-    says Connection: close), not kept alive: the app refused a body without reading it (411,
-    413), which would otherwise be read and thrown away before the connection's next request,
-    however long. Outside a redpack web worker (runserver, the tests' client), nothing."""
-    request = getattr(_answering, "request", None)
-    if request is not None:
-        request.must_close = True
-
-
-def _no_continue_for_a_refused_body(req: Any) -> None:
-    """gunicorn answers `Expect: 100-continue` with `100 Continue` as it prepares the request for
-    the app, before the app has seen it: the client then sends a body that the app refuses
-    unread for its declared size (413, RequestSizeLimitMiddleware). For such a request the
-    header is dropped, so that the 413 (and the connection's close) is the only answer."""
-    from django.conf import settings  # loaded with the app, by the time a request comes
-
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    reader = getattr(req.body, "reader", None)
-    if limit is None or not isinstance(reader, LengthReader) or reader.length <= limit:
-        return
-    req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
-
-
 def next_request_read(parser: Any) -> bool:
     """Whether the client's next request on this connection has been read already, with the
     request just answered (HTTP pipelining). What is left of that request's body (a view need
@@ -412,12 +384,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
-        _answering.request = req  # for close_after_answer
-        _no_continue_for_a_refused_body(req)
-        try:
-            return super().handle_request(req, conn)
-        finally:
-            _answering.request = None
+        return super().handle_request(req, conn)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):

@@ -16,7 +16,7 @@ from django.urls import get_script_prefix, reverse
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.settings import api_settings
 
-from redpack import logs, ratelimit, webworker
+from redpack import logs, ratelimit
 
 from .errors import error_body
 from .urls import slashless
@@ -82,11 +82,6 @@ class RequestSizeLimitMiddleware:
     the header, before any view: read as it came, it would be taken for a whole request (a send
     cut short after its first fields would move money). The server reads no more than the
     declared length, so a body longer than it is not this request's.
-
-    After a 411 or a 413 the web server closes the connection (webworker.close_after_answer):
-    the body it refused unread would otherwise be read, and thrown away, before the next request
-    on the connection. A 413 is also the only answer to `Expect: 100-continue`: the client is not
-    told to send the body first.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -107,11 +102,9 @@ class RequestSizeLimitMiddleware:
         if reads_body and not length:
             message = "a request body needs a Content-Length (a chunked body is not read)"
             body = error_body("length_required", message, {"Content-Length": [message]})
-            webworker.close_after_answer()  # its body, unread, is not read on either
             return JsonResponse(body, status=411)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
-            webworker.close_after_answer()
             return JsonResponse(
                 error_body("too_large", f"request body over {limit} bytes"), status=413
             )
