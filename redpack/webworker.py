@@ -53,6 +53,7 @@ import contextlib
 import ctypes
 import errno
 import gc
+import inspect
 import json
 import os
 import re
@@ -67,11 +68,13 @@ from collections import deque
 from concurrent import futures
 from functools import partial
 from multiprocessing.sharedctypes import RawArray, RawValue
+from types import SimpleNamespace
 from typing import Any
 
 from gunicorn import http, util
 from gunicorn.http import errors as http_errors
-from gunicorn.http.body import LengthReader
+from gunicorn.http.body import ChunkedReader, LengthReader
+from gunicorn.http.unreader import IterUnreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
@@ -325,16 +328,39 @@ def next_request_read(parser: Any) -> bool:
     request just answered (HTTP pipelining). What is left of that request's body (a view need
     not read it) is discarded first, as gunicorn's parser does before the next request, but only
     when all of it has been read: the rest of a body still on its way is left to the loop, which
-    waits for the socket. A chunked body is left to it too."""
+    waits for the socket. Raises what gunicorn's parser raises for a body it cannot read."""
     body = getattr(parser.mesg, "body", None)
-    reader = getattr(body, "reader", None)
-    if body is None or not isinstance(reader, LengthReader):
+    if body is None:
         return False
-    if reader.length > _buffered(parser.unreader):
+    reader = body.reader
+    if isinstance(reader, LengthReader):
+        if reader.length > _buffered(parser.unreader):
+            return False
+    elif not (isinstance(reader, ChunkedReader) and _chunks_all_read(reader, parser)):
         return False
     while body.read(8192):  # from the buffer alone: no read waits on the socket
         pass
     return _buffered(parser.unreader) > 0
+
+
+def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
+    """Whether the rest of a chunked body is in the buffer: it has ended, or it has not begun
+    (nobody read it: the app reads no body without a length) and a parse of a copy of what the
+    buffer holds reaches its last chunk."""
+    if reader.parser is None:
+        return True
+    if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
+        return False
+    copy = ChunkedReader(
+        SimpleNamespace(parse_headers=parser.mesg.parse_headers),  # for its trailers
+        IterUnreader([parser.unreader.buf.getvalue()]),
+    )
+    try:
+        while copy.read(8192):
+            pass
+    except (http_errors.ParseException, OSError):  # cut short (NoMoreData) or malformed
+        return False
+    return True
 
 
 def _buffered(unreader: Any) -> int:
@@ -379,8 +405,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         conn.arriving.start()
         keepalive, conn = super().handle(conn)
         keepalive = keepalive and not conn.arriving.cut
-        conn.pipelined = keepalive and next_request_read(conn.parser)
-        return keepalive, conn
+        try:
+            conn.pipelined = keepalive and next_request_read(conn.parser)
+        except (http_errors.ParseException, OSError):  # out of step: closed, never read on
+            return False, conn
+        return keepalive and not conn.arriving.cut, conn
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer

@@ -607,31 +607,38 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
     assert answer.count(b"HTTP/1.1 ") == 1, answer
 
 
-def _answers_until_closed(sock: socket.socket) -> list[int]:
-    """The statuses of every answer on `sock`, in order, read (by http.client, each answer's
-    body by its length or chunks) until the server closes the connection."""
+class _Answers:
+    """The answers on a socket, read one at a time by http.client (each body by its length or
+    its chunks) from one buffered reader, which an answer read leaves open."""
 
-    class Shared:  # every answer read from one buffered reader, which an answer read leaves open
-        def __init__(self, reader: Any) -> None:
-            self.reader = reader
+    def __init__(self, sock: socket.socket) -> None:
+        self.reader = sock.makefile("rb")
 
-        def makefile(self, mode: str) -> Any:
-            return self
+    def makefile(self, mode: str) -> "_Answers":
+        return self
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.reader, name)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
 
-        def close(self) -> None:
-            pass
+    def close(self) -> None:
+        pass
 
-    reader = sock.makefile("rb")
-    statuses = []
-    while reader.peek(1):
-        answer = http.client.HTTPResponse(Shared(reader))  # type: ignore[arg-type]
+    def next_status(self) -> int:
+        answer = http.client.HTTPResponse(self)  # type: ignore[arg-type]
         answer.begin()
         answer.read()
-        statuses.append(answer.status)
-    return statuses
+        return answer.status
+
+    def until_closed(self) -> list[int]:
+        statuses = []
+        while self.reader.peek(1):
+            statuses.append(self.next_status())
+        return statuses
+
+
+def _answers_until_closed(sock: socket.socket) -> list[int]:
+    """The statuses of every answer on `sock`, in order, until the server closes it."""
+    return _Answers(sock).until_closed()
 
 
 def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
@@ -677,3 +684,28 @@ def test_the_rest_of_a_body_still_on_its_way_is_not_read_as_the_next_request():
             assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
             sock.sendall(rest + later)
             assert _answers_until_closed(sock) == [401]  # the ping's, without a token
+
+
+def test_requests_behind_a_chunked_body_are_answered_in_turn():
+    """The grab and the ping read no body: one sent in chunks (here with a trailer) is passed
+    over whole, and the requests sent with it are answered; one whose last chunk is still on its
+    way is left to the loop until it comes, never read as a request."""
+    chunked = (
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Transfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
+    )
+    chunks = b"5\r\nGET /\r\n7\r\nnowhere\r\n"
+    end = b"0\r\nX-Sum: 1\r\n\r\n"
+    ping = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    last = b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(chunked + chunks + end + ping + chunked + chunks + end + last)
+            assert _answers_until_closed(sock) == [401, 401, 401, 404]
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(chunked + chunks)
+            answers = _Answers(sock)
+            assert answers.next_status() == 401  # before its last chunk was sent
+            sock.sendall(end + last)
+            assert answers.until_closed() == [404]
