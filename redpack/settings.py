@@ -61,7 +61,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "redpack.api.middleware.RequestIdMiddleware",  # first: every log line of a request has it
+    "redpack.api.middleware.HeadWithoutBodyMiddleware",  # sees every answer last
+    "redpack.api.middleware.RequestIdMiddleware",  # every log line of a request has its id
     "django.middleware.security.SecurityMiddleware",
     "redpack.api.middleware.RequestSizeLimitMiddleware",
     "redpack.api.middleware.CredentialThrottleMiddleware",

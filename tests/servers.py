@@ -1,6 +1,7 @@
 """Real server processes for tests: gunicorn serving the test database and test Redis, a Celery
 worker (that a test may pause and SIGKILL), and what a test watches them by."""
 
+import http.client
 import json
 import os
 import re
@@ -222,6 +223,42 @@ def uncommitted_rows() -> int:
             "WHERE p.DB = DATABASE()"
         )
         return int(cursor.fetchone()[0])
+
+
+class Answers:
+    """The answers on a socket, read one at a time by http.client (each body by its length or
+    its chunks, none for an answer to HEAD) from one buffered reader, which an answer read
+    leaves open."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.reader = sock.makefile("rb")
+
+    def makefile(self, mode: str) -> "Answers":
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
+
+    def close(self) -> None:
+        pass
+
+    def next(self, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+        """The next answer's status, headers (names in lower case) and body, `method` the
+        request's."""
+        answer = http.client.HTTPResponse(self, method=method)  # type: ignore[arg-type]
+        answer.begin()
+        headers = {name.lower(): value for name, value in answer.getheaders()}
+        return answer.status, headers, answer.read()
+
+    def next_status(self) -> int:
+        return self.next()[0]
+
+    def until_closed(self) -> list[int]:
+        """The statuses of every answer until the server closes the connection."""
+        statuses = []
+        while self.reader.peek(1):
+            statuses.append(self.next_status())
+        return statuses
 
 
 def raw_request(

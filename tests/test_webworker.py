@@ -3,7 +3,6 @@ on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
 import errno
-import http.client
 import json
 import resource
 import runpy
@@ -28,7 +27,7 @@ from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
 
-from .servers import ROOT, free_port, gunicorn, raw_request, service_env, wait_for
+from .servers import ROOT, Answers, free_port, gunicorn, raw_request, service_env, wait_for
 
 
 @pytest.mark.parametrize(
@@ -607,40 +606,6 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
     assert answer.count(b"HTTP/1.1 ") == 1, answer
 
 
-class _Answers:
-    """The answers on a socket, read one at a time by http.client (each body by its length or
-    its chunks) from one buffered reader, which an answer read leaves open."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.reader = sock.makefile("rb")
-
-    def makefile(self, mode: str) -> "_Answers":
-        return self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.reader, name)
-
-    def close(self) -> None:
-        pass
-
-    def next_status(self) -> int:
-        answer = http.client.HTTPResponse(self)  # type: ignore[arg-type]
-        answer.begin()
-        answer.read()
-        return answer.status
-
-    def until_closed(self) -> list[int]:
-        statuses = []
-        while self.reader.peek(1):
-            statuses.append(self.next_status())
-        return statuses
-
-
-def _answers_until_closed(sock: socket.socket) -> list[int]:
-    """The statuses of every answer on `sock`, in order, until the server closes it."""
-    return _Answers(sock).until_closed()
-
-
 def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
     """HTTP pipelining: a client (wrk with a pipelining script, say) sends its next requests
     without waiting for the answers. gthread answered the first and then waited for the socket
@@ -659,7 +624,7 @@ def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(together)
-            statuses = _answers_until_closed(sock)
+            statuses = Answers(sock).until_closed()
     assert len(statuses) == 4, statuses
     assert statuses[0] in (200, 503)  # /healthz, whatever the services' state
     assert statuses[1:] == [401, 400, 404]
@@ -683,7 +648,7 @@ def test_the_rest_of_a_body_still_on_its_way_is_not_read_as_the_next_request():
                 answer += chunk  # the grab's 401, before the rest of its body was sent
             assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
             sock.sendall(rest + later)
-            assert _answers_until_closed(sock) == [401]  # the ping's, without a token
+            assert Answers(sock).until_closed() == [401]  # the ping's, without a token
 
 
 def test_requests_behind_a_chunked_body_are_answered_in_turn():
@@ -702,10 +667,36 @@ def test_requests_behind_a_chunked_body_are_answered_in_turn():
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(chunked + chunks + end + ping + chunked + chunks + end + last)
-            assert _answers_until_closed(sock) == [401, 401, 401, 404]
+            assert Answers(sock).until_closed() == [401, 401, 401, 404]
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(chunked + chunks)
-            answers = _Answers(sock)
+            answers = Answers(sock)
             assert answers.next_status() == 401  # before its last chunk was sent
             sock.sendall(end + last)
             assert answers.until_closed() == [404]
+
+
+def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
+    """HEAD gets the status and headers a GET would, Content-Length included, and no body:
+    sent, a body was read by the client as the start of its next answer on the connection."""
+    together = (
+        b"HEAD /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        b"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(together)
+            answers = Answers(sock)
+            head = answers.next("HEAD")
+            get = answers.next()
+            health_head, health = answers.next("HEAD"), answers.next()
+            rest = answers.read()
+    assert (head[0], get[0]) == (401, 401)
+    assert json.loads(get[2])["error"]["code"] == "not_authenticated"
+    assert head[1]["content-length"] == str(len(get[2]))  # as a GET's
+    assert health_head[0] in (200, 503) and health[0] in (200, 503)
+    assert json.loads(health[2])["status"], health
+    assert rest == b""  # nothing after the last answer

@@ -11,7 +11,13 @@ from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+    UnreadablePostError,
+)
 from django.urls import get_script_prefix, reverse
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.settings import api_settings
@@ -44,6 +50,29 @@ def browser_only(middleware: type) -> type:
 BrowserSessionMiddleware = browser_only(SessionMiddleware)
 BrowserAuthenticationMiddleware = browser_only(AuthenticationMiddleware)
 BrowserMessageMiddleware = browser_only(MessageMiddleware)
+
+
+class HeadWithoutBodyMiddleware:
+    """An answer to HEAD has the status and headers a GET would get (its Content-Length too),
+    and no body (RFC 9110 9.3.2). Django and gunicorn both leave dropping the body to the app:
+    sent, it was read by a client that keeps its connection as the start of its next answer
+    (curl: "excess found"; Python's clients: a bad status line). First in MIDDLEWARE, so that
+    it sees every answer last."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.method != "HEAD":
+            return response
+        if isinstance(response, StreamingHttpResponse):
+            response.streaming_content = []
+        else:
+            if not response.has_header("Content-Length"):
+                response["Content-Length"] = str(len(response.content))
+            response.content = b""
+        return response
 
 
 class RequestIdMiddleware:
