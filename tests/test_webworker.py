@@ -606,6 +606,15 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
     assert answer.count(b"HTTP/1.1 ") == 1, answer
 
 
+@contextlib.contextmanager
+def _one_connection() -> Iterator[socket.socket]:
+    """A connection to a server of one worker with two threads."""
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            yield sock
+
+
 def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
     """HTTP pipelining: a client (wrk with a pipelining script, say) sends its next requests
     without waiting for the answers. gthread answered the first and then waited for the socket
@@ -620,11 +629,9 @@ def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
         b"Content-Length: 2\r\n\r\n{}"
         b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
-    with gunicorn(workers=1, threads=2) as base:
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(together)
-            statuses = Answers(sock).until_closed()
+    with _one_connection() as sock:
+        sock.sendall(together)
+        statuses = Answers(sock).until_closed()
     assert len(statuses) == 4, statuses
     assert statuses[0] in (200, 503)  # /healthz, whatever the services' state
     assert statuses[1:] == [401, 400, 404]
@@ -637,18 +644,16 @@ def test_the_rest_of_a_body_still_on_its_way_is_not_read_as_the_next_request():
     first, rest = b"GET /nowhere/ HTT", b"P/1.1\r\n\r\n\r\n\r\n"
     assert len(first + rest) == 30
     later = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    with gunicorn(workers=1, threads=2) as base:
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(head + first)
-            answer = b""
-            while b"\r\n0\r\n\r\n" not in answer and b'"code"' not in answer:
-                chunk = sock.recv(65536)
-                assert chunk, answer
-                answer += chunk  # the grab's 401, before the rest of its body was sent
-            assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
-            sock.sendall(rest + later)
-            assert Answers(sock).until_closed() == [401]  # the ping's, without a token
+    with _one_connection() as sock:
+        sock.sendall(head + first)
+        answer = b""
+        while b"\r\n0\r\n\r\n" not in answer and b'"code"' not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk  # the grab's 401, before the rest of its body was sent
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
+        sock.sendall(rest + later)
+        assert Answers(sock).until_closed() == [401]  # the ping's, without a token
 
 
 def test_requests_behind_a_chunked_body_are_answered_in_turn():
@@ -663,17 +668,15 @@ def test_requests_behind_a_chunked_body_are_answered_in_turn():
     end = b"0\r\nX-Sum: 1\r\n\r\n"
     ping = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     last = b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    with gunicorn(workers=1, threads=2) as base:
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(chunked + chunks + end + ping + chunked + chunks + end + last)
-            assert Answers(sock).until_closed() == [401, 401, 401, 404]
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(chunked + chunks)
-            answers = Answers(sock)
-            assert answers.next_status() == 401  # before its last chunk was sent
-            sock.sendall(end + last)
-            assert answers.until_closed() == [404]
+    with _one_connection() as sock:
+        sock.sendall(chunked + chunks + end + ping + chunked + chunks + end + last)
+        assert Answers(sock).until_closed() == [401, 401, 401, 404]
+    with _one_connection() as sock:
+        sock.sendall(chunked + chunks)
+        answers = Answers(sock)
+        assert answers.next_status() == 401  # before its last chunk was sent
+        sock.sendall(end + last)
+        assert answers.until_closed() == [404]
 
 
 def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
@@ -685,15 +688,13 @@ def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
         b"HEAD /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
-    with gunicorn(workers=1, threads=2) as base:
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(together)
-            answers = Answers(sock)
-            head = answers.next("HEAD")
-            get = answers.next()
-            health_head, health = answers.next("HEAD"), answers.next()
-            rest = answers.read()
+    with _one_connection() as sock:
+        sock.sendall(together)
+        answers = Answers(sock)
+        head = answers.next("HEAD")
+        get = answers.next()
+        health_head, health = answers.next("HEAD"), answers.next()
+        rest = answers.read()
     assert (head[0], get[0]) == (401, 401)
     assert json.loads(get[2])["error"]["code"] == "not_authenticated"
     assert head[1]["content-length"] == str(len(get[2]))  # as a GET's
