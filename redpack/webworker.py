@@ -346,7 +346,8 @@ def next_request_read(parser: Any) -> bool:
 def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
     """Whether the rest of a chunked body is in the buffer: it has ended, or it has not begun
     (nobody read it: the app reads no body without a length) and a parse of a copy of what the
-    buffer holds reaches its last chunk."""
+    buffer holds reaches its last chunk. Raises what that parse raises for a malformed body:
+    where the next request begins is unknown, and the connection is closed at once."""
     if reader.parser is None:
         return True
     if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
@@ -358,7 +359,7 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
     try:
         while copy.read(8192):
             pass
-    except (http_errors.ParseException, OSError):  # cut short (NoMoreData) or malformed
+    except http_errors.NoMoreData:  # the rest is on its way (a malformed body raises)
         return False
     return True
 
@@ -413,6 +414,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
+        if req.version < (1, 1) and any(name == "EXPECT" for name, _ in req.headers):
+            # An HTTP/1.0 client knows no 100 Continue (RFC 9110 10.1.1: ignored), which
+            # gunicorn would send it before the app runs: it could take it for its answer.
+            req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
         return super().handle_request(req, conn)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:

@@ -22,7 +22,9 @@ from typing import Any, NoReturn
 import pytest
 import redis
 from django.conf import settings
+from gunicorn import http
 from gunicorn.config import Config
+from gunicorn.http import errors as http_errors
 from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
@@ -371,7 +373,9 @@ def test_a_server_says_when_the_kernel_caps_its_listen_queue_below_its_backlog(
 HOOK_UNDER_A_HARD_LIMIT = """
 import resource, runpy, sys
 from types import SimpleNamespace
+from gunicorn import http
 from gunicorn.config import Config
+from gunicorn.http import errors as http_errors
 resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1500))
 hooks = runpy.run_path("gunicorn.conf.py")
 said = []
@@ -701,3 +705,29 @@ def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
     assert health_head[0] in (200, 503) and health[0] in (200, 503)
     assert json.loads(health[2])["status"], health
     assert rest == b""  # nothing after the last answer
+
+
+def test_a_malformed_chunked_body_closes_its_connection_at_once():
+    """Where the next request begins is unknown: the worker says so (gunicorn's error), and its
+    connection is closed after the answer, not left to wait for a request read out of step."""
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        client_side.sendall(
+            b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
+            b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        parser = http.RequestParser(Config(), server_side, ("127.0.0.1", 0))
+        assert next(parser).path == "/api/activities/1/grab/"
+        with pytest.raises(http_errors.InvalidChunkSize):
+            webworker.next_request_read(parser)
+
+
+def test_an_http_1_0_request_gets_no_100_continue():
+    """HTTP/1.0 has no interim answers: the first line it reads is its answer's."""
+    with _one_connection() as sock:
+        sock.sendall(b"GET /api/ping/ HTTP/1.0\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 401 "), answer[:60]
