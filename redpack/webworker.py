@@ -42,7 +42,8 @@ unread, and the client was reset: `murder_keepalived`). A request gunicorn itsel
 shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Requests a
 client sends without waiting for the answers (HTTP pipelining) are answered in turn, where
 gthread answered the first and closed the connection, the rest unanswered, when its keep-alive
-ran out (`next_request_read`). Everything
+ran out (`next_request_read`); and empty lines before a request line are passed over, where
+gunicorn answered 400 (`_Request`). Everything
 else (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
 READ_TIMEOUT of a thread taking it (gthread: a thread waits on its client for ever).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
@@ -102,6 +103,8 @@ GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
 # clients would hold them all. None: no limit (gthread's own). Connections between requests
 # wait in the worker's loop, not in a thread.
 READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
+# Bytes of empty lines (CR, LF) a request may be preceded by (_Request).
+EMPTY_LINE_BYTES = 64
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 OPEN_FILES_MARGIN = 200  # descriptors a process needs besides one per connection
@@ -340,7 +343,7 @@ def next_request_read(parser: Any) -> bool:
         return False
     while body.read(8192):  # from the buffer alone: no read waits on the socket
         pass
-    return _buffered(parser.unreader) > 0
+    return bool(parser.unreader.buf.getvalue().lstrip(b"\r\n"))  # empty lines: no request
 
 
 def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
@@ -369,6 +372,27 @@ def _buffered(unreader: Any) -> int:
     return int(unreader.buf.tell())
 
 
+class _Request(http.Request):  # type: ignore[misc]
+    """gunicorn's request, which first passes over empty lines sent before its request line (a
+    client that ends a body with an extra CRLF): RFC 9112 2.2 asks a server to, where gunicorn
+    answered 400 and closed the connection. At most EMPTY_LINE_BYTES of them."""
+
+    def parse(self, unreader: Any) -> Any:
+        skipped = 0
+        while skipped <= EMPTY_LINE_BYTES:
+            data = unreader.read()
+            rest = data.lstrip(b"\r\n")
+            skipped += len(data) - len(rest)
+            if rest or not data:  # a request begins, or the connection ended
+                unreader.unread(rest)
+                break
+        return super().parse(unreader)
+
+
+class _RequestParser(http.RequestParser):  # type: ignore[misc]
+    mesg_class = _Request
+
+
 class _Conn(TConn):  # type: ignore[misc]
     """gthread's connection, its parser reading through `_Arriving`."""
 
@@ -380,7 +404,7 @@ class _Conn(TConn):  # type: ignore[misc]
         super().init()  # wraps the socket for TLS and makes a parser the first time
         if fresh:
             self.arriving = _Arriving(self.sock)
-            self.parser = http.RequestParser(self.cfg, self.arriving, self.client)
+            self.parser = _RequestParser(self.cfg, self.arriving, self.client)
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]

@@ -731,3 +731,18 @@ def test_an_http_1_0_request_gets_no_100_continue():
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.0 401 "), answer[:60]
+
+
+def test_empty_lines_before_a_request_line_are_passed_over():
+    """A body ended with an extra CRLF (RFC 9112 2.2: a server should ignore it), pipelined or
+    sent with a later request: the requests after it are answered, not refused as 400."""
+    grab = b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
+    grab += b"\r\n{}"
+    ping = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    last = b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    with _one_connection() as sock:
+        sock.sendall(grab + b"\r\n" + ping + b"\r\n\r\n")
+        answers = Answers(sock)
+        assert [answers.next_status(), answers.next_status()] == [401, 401]
+        sock.sendall(b"\n" + last)  # the empty lines sent before came on their own
+        assert answers.until_closed() == [404]
