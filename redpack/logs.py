@@ -4,7 +4,8 @@ An event is a log call with `extra={"event": <name>, ...ids}`; the extra keys be
 The names in use, so that a log search can rely on them:
 
 - `activity_sent`   activity, strategy, count
-- `grab_contended`  activity, user: the attempt got nothing although packets may remain
+- `grab_contended`  activity, user: the attempt got nothing although packets may remain;
+                    `reason` shed when the activity's line in this process was full
 - `lock_timeout`    activity, user, error: a lock wait gave up; answered as `contended`
 - `grab_failed`     activity, user: a grab raised something unexpected (with the traceback)
 - `refund`          activity, amount_cents, count: the one refund of an activity
@@ -68,9 +69,9 @@ def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
 
 class OneLinePerContendedGrab(logging.Filter):
     """On django.request, which logs every 4xx answer as a WARNING: a 409 (only a grab answers
-    one: `contended`) is logged once already, as the `grab_contended` event, and in a hot burst
-    there are thousands of them; its second line is dropped. Every other answer is logged as
-    Django logs it."""
+    one: `contended`) is logged once already, as the `grab_contended` event (`lock_timeout`
+    after a lock wait gave up), and in a hot burst there are thousands of them; its second line
+    is dropped. Every other answer is logged as Django logs it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return getattr(record, "status_code", None) != 409

@@ -192,6 +192,7 @@ def _grab(
     line = getattr(hot, strategy.line_setting)
     with shedding.place(activity_id, bounded=bounded, line=line) as placed:
         if not placed:
+            logger.info("grab shed", extra={"event": "grab_contended", "reason": "shed", **ids})
             return GrabResult(Outcome.CONTENDED, reason="shed")
         # What a grab that waits in its process asks after the wait (strategies/base.py): only
         # one that started before the process knew the end; one sent on while it was known

@@ -75,7 +75,7 @@ from typing import Any
 from gunicorn import http, util
 from gunicorn.http import errors as http_errors
 from gunicorn.http.body import ChunkedReader, LengthReader
-from gunicorn.http.unreader import IterUnreader
+from gunicorn.http.unreader import Unreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
@@ -295,13 +295,14 @@ class _Arriving:
     out short, which the app answers 400), and the connection is `cut`: out of step, it is not
     kept alive, and the answer says so (Connection: close)."""
 
-    __slots__ = ("sock", "deadline", "cut", "request")
+    __slots__ = ("sock", "deadline", "cut", "request", "empty_lines")
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.deadline: float | None = None
         self.cut = False
         self.request: Any = None  # gunicorn's request being answered, once its head is read
+        self.empty_lines = 0  # bytes of empty lines since the last request line (_Request)
 
     def start(self) -> None:
         """A request begins to arrive (its first bytes are there)."""
@@ -349,22 +350,41 @@ def next_request_read(parser: Any) -> bool:
 def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
     """Whether the rest of a chunked body is in the buffer: it has ended, or it has not begun
     (nobody read it: the app reads no body without a length) and a parse of a copy of what the
-    buffer holds reaches its last chunk. Raises what that parse raises for a malformed body:
-    where the next request begins is unknown, and the connection is closed at once."""
+    buffer holds reaches its last chunk without running out of bytes (gunicorn's parser takes
+    some ends of its bytes for a malformed chunk, or for a body without trailers). Raises what
+    that parse raises for a malformed body: where the next request begins is unknown, and the
+    connection is closed at once."""
     if reader.parser is None:
         return True
     if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
         return False
-    copy = ChunkedReader(
-        SimpleNamespace(parse_headers=parser.mesg.parse_headers),  # for its trailers
-        IterUnreader([parser.unreader.buf.getvalue()]),
-    )
+    copy = _Copy(parser.unreader.buf.getvalue())
+    body = ChunkedReader(SimpleNamespace(parse_headers=parser.mesg.parse_headers), copy)
     try:
-        while copy.read(8192):
+        while body.read(8192):
             pass
-    except http_errors.NoMoreData:  # the rest is on its way (a malformed body raises)
-        return False
-    return True
+    except (http_errors.ParseException, OSError):
+        if copy.ran_dry:
+            return False  # the rest is on its way
+        raise
+    return not copy.ran_dry
+
+
+class _Copy(Unreader):  # type: ignore[misc]
+    """Bytes to parse, as gunicorn's parser reads a socket; past them, the end of the stream,
+    and `ran_dry` says so."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data: bytes | None = data
+        self.ran_dry = False
+
+    def chunk(self) -> bytes:
+        data, self.data = self.data, None
+        if not data:
+            self.ran_dry = True
+            return b""
+        return data
 
 
 def _buffered(unreader: Any) -> int:
@@ -375,17 +395,20 @@ def _buffered(unreader: Any) -> int:
 class _Request(http.Request):  # type: ignore[misc]
     """gunicorn's request, which first passes over empty lines sent before its request line (a
     client that ends a body with an extra CRLF): RFC 9112 2.2 asks a server to, where gunicorn
-    answered 400 and closed the connection. At most EMPTY_LINE_BYTES of them."""
+    answered 400 and closed the connection. A read that brings empty lines alone ends the
+    attempt (`_Arriving.empty_lines` counts them; StopIteration, as at a connection's end, and
+    `BalancedThreadWorker.handle` puts the connection back in the loop to wait for its request:
+    a thread never waits for one). Past EMPTY_LINE_BYTES of them, gunicorn's 400."""
 
     def parse(self, unreader: Any) -> Any:
-        skipped = 0
-        while skipped <= EMPTY_LINE_BYTES:
-            data = unreader.read()
-            rest = data.lstrip(b"\r\n")
-            skipped += len(data) - len(rest)
-            if rest or not data:  # a request begins, or the connection ended
-                unreader.unread(rest)
-                break
+        arriving = unreader.sock
+        data = unreader.read()  # what is buffered, else one read: the socket is readable
+        rest = data.lstrip(b"\r\n")
+        if data and not rest and arriving.empty_lines + len(data) <= EMPTY_LINE_BYTES:
+            arriving.empty_lines += len(data)
+            raise StopIteration("empty lines only")
+        arriving.empty_lines = 0
+        unreader.unread(rest if rest else data)
         return super().parse(unreader)
 
 
@@ -429,6 +452,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         again at once (`finish_request`)."""
         conn.arriving.start()
         keepalive, conn = super().handle(conn)
+        if conn.arriving.request is None and conn.arriving.empty_lines and not conn.arriving.cut:
+            conn.pipelined = False
+            return True, conn  # empty lines alone: back to the loop, to wait for the request
         keepalive = keepalive and not conn.arriving.cut
         try:
             conn.pipelined = keepalive and next_request_read(conn.parser)

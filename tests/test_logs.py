@@ -114,6 +114,25 @@ def test_a_contended_grab_answered_over_http_is_one_line(
     assert missing.levelno == logging.WARNING and missing.status_code == 404  # type: ignore[attr-defined]
 
 
+@pytest.mark.django_db
+def test_a_shed_grab_is_one_line_too(dummies, client, sender, make_users, caplog):  # type: ignore[no-untyped-def]
+    """The activity's line in this process is full (none here): the 409 `shed` is said by its
+    `grab_contended` event, with its reason, since Django's line for it is dropped."""
+    caplog.set_level(logging.INFO)
+    (grabber,) = make_users(1)
+    contended = activity_of("contended", sender)
+    caplog.clear()
+    with override_settings(REDPACK_GRAB_LINE=0):
+        answer = client.post(
+            f"/api/activities/{contended}/grab/",
+            HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(grabber)}",
+        )
+    assert answer.status_code == 409 and answer.json()["reason"] == "shed"
+    (line,) = [r for r in caplog.records if getattr(r, "event", None)]
+    assert (line.event, line.reason, line.user) == ("grab_contended", "shed", grabber.pk)  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.name == "django.request"]
+
+
 def test_lock_timeouts_are_recognised():
     assert services.is_lock_timeout(OperationalError(1205, "Lock wait timeout exceeded"))
     assert services.is_lock_timeout(OperationalError(1213, "Deadlock found"))

@@ -707,20 +707,52 @@ def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
     assert rest == b""  # nothing after the last answer
 
 
+def _parsed(sent: bytes) -> Any:
+    """gunicorn's parser over a socket on which `sent` came, after the first request's head."""
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        client_side.sendall(sent)
+        parser = http.RequestParser(Config(), server_side, ("127.0.0.1", 0))
+        assert next(parser).path == "/api/activities/1/grab/"  # the rest read with it
+        return parser
+
+
+CHUNKED_GRAB = (
+    b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        b"5\r\nhel",
+        b"5\r\nhello",
+        b"5\r\nhello\r",
+        b"5\r\nhello\r\n0\r\n",
+        b"5\r\nhello\r\n0\r\nX: 1\r\n",
+    ],
+)
+def test_a_chunked_body_still_on_its_way_is_left_to_the_loop(rest: bytes) -> None:
+    """Not all of it has come (whatever gunicorn's parser makes of its end): no next request
+    yet, and nothing read or refused; the loop waits for the socket."""
+    parser = _parsed(CHUNKED_GRAB + rest)
+    assert webworker.next_request_read(parser) is False
+    assert parser.unreader.buf.getvalue() == rest
+
+
+def test_a_whole_chunked_body_is_passed_over_to_the_request_behind_it() -> None:
+    parser = _parsed(CHUNKED_GRAB + b"5\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+    assert webworker.next_request_read(parser) is True
+    assert parser.unreader.buf.getvalue() == b"GET / HTTP/1.1\r\n\r\n"
+
+
 def test_a_malformed_chunked_body_closes_its_connection_at_once():
     """Where the next request begins is unknown: the worker says so (gunicorn's error), and its
     connection is closed after the answer, not left to wait for a request read out of step."""
-    server_side, client_side = socket.socketpair()
-    with server_side, client_side:
-        client_side.sendall(
-            b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
-            b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        )
-        parser = http.RequestParser(Config(), server_side, ("127.0.0.1", 0))
-        assert next(parser).path == "/api/activities/1/grab/"
-        with pytest.raises(http_errors.InvalidChunkSize):
-            webworker.next_request_read(parser)
+    parser = _parsed(CHUNKED_GRAB + b"zz\r\nabc\r\n0\r\n\r\nGET /api/ping/ HTTP/1.1\r\n\r\n")
+    with pytest.raises(http_errors.InvalidChunkSize):
+        webworker.next_request_read(parser)
 
 
 def test_an_http_1_0_request_gets_no_100_continue():
@@ -746,3 +778,22 @@ def test_empty_lines_before_a_request_line_are_passed_over():
         assert [answers.next_status(), answers.next_status()] == [401, 401]
         sock.sendall(b"\n" + last)  # the empty lines sent before came on their own
         assert answers.until_closed() == [404]
+
+
+def test_empty_lines_alone_wait_in_the_loop_not_in_a_thread():
+    """A kept-alive connection on which only an empty line came does not hold the worker's one
+    thread until the request deadline (600 s here): another client is answered meanwhile, and
+    the connection still serves its next request."""
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as kept:
+            kept.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answers = Answers(kept)
+            assert answers.next_status() == 401
+            kept.sendall(b"\r\n")
+            status, _, _ = raw_request(
+                base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+            assert status in (200, 503)
+            kept.sendall(b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert answers.until_closed() == [404]
