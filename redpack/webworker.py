@@ -103,7 +103,7 @@ GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
 # clients would hold them all. None: no limit (gthread's own). Connections between requests
 # wait in the worker's loop, not in a thread.
 READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
-# Bytes of empty lines (CR, LF) a request may be preceded by (_Request).
+# Bytes of empty lines (CR, LF) that may come on their own before a request line (_Request).
 EMPTY_LINE_BYTES = 64
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -398,7 +398,8 @@ class _Request(http.Request):  # type: ignore[misc]
     answered 400 and closed the connection. A read that brings empty lines alone ends the
     attempt (`_Arriving.empty_lines` counts them; StopIteration, as at a connection's end, and
     `BalancedThreadWorker.handle` puts the connection back in the loop to wait for its request:
-    a thread never waits for one). Past EMPTY_LINE_BYTES of them, gunicorn's 400."""
+    a thread never waits for one). Once such reads bring more than EMPTY_LINE_BYTES in all,
+    gunicorn's 400: a client cannot keep a connection with empty lines alone."""
 
     def parse(self, unreader: Any) -> Any:
         arriving = unreader.sock
