@@ -344,7 +344,12 @@ def next_request_read(parser: Any) -> bool:
         return False
     while body.read(8192):  # from the buffer alone: no read waits on the socket
         pass
-    return bool(parser.unreader.buf.getvalue().lstrip(b"\r\n"))  # empty lines: no request
+    return bool(_past_empty_lines(parser.unreader.buf.getvalue()))
+
+
+def _past_empty_lines(data: bytes) -> bytes:
+    """What follows the empty lines (CR, LF) `data` begins with: no request begins with them."""
+    return data.lstrip(b"\r\n")
 
 
 def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
@@ -404,7 +409,7 @@ class _Request(http.Request):  # type: ignore[misc]
     def parse(self, unreader: Any) -> Any:
         arriving = unreader.sock
         data = unreader.read()  # what is buffered, else one read: the socket is readable
-        rest = data.lstrip(b"\r\n")
+        rest = _past_empty_lines(data)
         if data and not rest and arriving.empty_lines + len(data) <= EMPTY_LINE_BYTES:
             arriving.empty_lines += len(data)
             raise StopIteration("empty lines only")
@@ -457,11 +462,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             conn.pipelined = False
             return True, conn  # empty lines alone: back to the loop, to wait for the request
         keepalive = keepalive and not conn.arriving.cut
-        try:
+        try:  # reads the buffer alone: no read that could cut the connection
             conn.pipelined = keepalive and next_request_read(conn.parser)
         except (http_errors.ParseException, OSError):  # out of step: closed, never read on
             return False, conn
-        return keepalive and not conn.arriving.cut, conn
+        return keepalive, conn
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
