@@ -2,6 +2,7 @@
 worker (that a test may pause and SIGKILL), and what a test watches them by."""
 
 import http.client
+import io
 import json
 import os
 import re
@@ -230,8 +231,8 @@ class Answers:
     its chunks, none for an answer to HEAD) from one buffered reader, which an answer read
     leaves open."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.reader = sock.makefile("rb")
+    def __init__(self, sock: socket.socket | io.BufferedReader) -> None:
+        self.reader = sock.makefile("rb") if isinstance(sock, socket.socket) else sock
 
     def makefile(self, mode: str) -> "Answers":
         return self
@@ -265,8 +266,8 @@ def raw_request(
     base: str, request: bytes, *, end: bool = False
 ) -> tuple[int, dict[str, str], bytes]:
     """Send `request` as is on a new connection (`end`: then close the sending side, as a
-    client that has nothing more to send); the status, headers and body of the answer (read
-    until the server closes; a chunked body put together)."""
+    client that has nothing more to send); the status, headers and body of the first answer
+    (all read until the server closes)."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(request)
@@ -276,19 +277,4 @@ def raw_request(
         with suppress(ConnectionResetError):  # closed with some of it unread
             while chunk := sock.recv(65536):
                 answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    if headers.get("transfer-encoding") == "chunked":
-        body = dechunked(body)
-    return int(status_line.split(" ")[1]), headers, body
-
-
-def dechunked(data: bytes) -> bytes:
-    whole = b""
-    while True:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if not size:
-            return whole
-        whole, data = whole + data[:size], data[size + 2 :]
+    return Answers(io.BufferedReader(io.BytesIO(answer))).next()  # type: ignore[arg-type]
