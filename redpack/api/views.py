@@ -1,6 +1,7 @@
 """Thin views: validate with a serializer, call one service, render."""
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -84,6 +85,19 @@ class DocumentRenderedForGet:
 
 class SchemaView(DocumentRenderedForGet, SpectacularAPIView):
     authentication_classes: list[type] = []  # public (DocumentRenderedForGet)
+    # drf-spectacular loads its extensions' classes during a process's first generation, and
+    # not safely from many threads at once: of 64 first requests to a new server, up to 61 got
+    # a 500. The first generation runs alone; later ones find the classes loaded.
+    _first = threading.Lock()
+    _generated = False
+
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if not SchemaView._generated:
+            with SchemaView._first:
+                response: Response = super().get(request, *args, **kwargs)
+                SchemaView._generated = True
+                return response
+        return super().get(request, *args, **kwargs)  # type: ignore[no-any-return]
 
 
 class DocsView(DocumentRenderedForGet, SpectacularSwaggerView):
