@@ -43,9 +43,12 @@ shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`).
 client sends without waiting for the answers (HTTP pipelining) are answered in turn, where
 gthread answered the first and closed the connection, the rest unanswered, when its keep-alive
 ran out (`next_request_read`); and empty lines before a request line are passed over, where
-gunicorn answered 400 (`_Request`). Everything
-else (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
-READ_TIMEOUT of a thread taking it (gthread: a thread waits on its client for ever).
+gunicorn answered 400 (`_Request`). A request arrives in the loop, and goes to a thread only once
+all of it is there (`arrival`, `on_client_socket_readable`): gthread gave a connection to a
+thread at its first byte, and slow or partial requests held every thread. Everything else
+(keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
+READ_TIMEOUT of its first byte, and a new connection must send one within READ_TIMEOUT (gthread
+waited for both for ever).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
 slot when it exits (`release`).
 """
@@ -54,7 +57,10 @@ import contextlib
 import ctypes
 import errno
 import gc
+import heapq
 import inspect
+import io
+import itertools
 import json
 import os
 import re
@@ -66,8 +72,9 @@ import ssl
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent import futures
-from functools import partial
+from functools import cached_property, partial
 from multiprocessing.sharedctypes import RawArray, RawValue
 from types import SimpleNamespace
 from typing import Any
@@ -96,15 +103,24 @@ clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
 # generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
-# How long a request may take to arrive in full (its head and its body, from the moment a thread
-# takes it), and the most a thread waits to write each part of its answer: a client that stops
-# sending mid-request, or sends a byte now and then (slow loris), loses its connection past it
-# instead of holding one of the worker's threads for as long as it likes; a few dozen such
-# clients would hold them all. None: no limit (gthread's own). Connections between requests
-# wait in the worker's loop, not in a thread.
+# How long a request may take to arrive in full (its head and its body, from its first byte; a
+# new connection's first byte, from its accept), and the most a thread waits to write each part
+# of its answer: a client that stops sending mid-request, or sends a byte now and then (slow
+# loris), gets a 408 and loses its connection past it, and one that sends nothing is closed.
+# Requests arrive in the worker's loop (`arrival`); over TLS in a thread, which this limit frees.
+# None: no limit (gthread's own).
 READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 # Bytes of empty lines (CR, LF) that may come on their own before a request line (_Request).
 EMPTY_LINE_BYTES = 64
+# A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
+# which hands it to a thread only once it is there in full (`arrival`): a head longer than this
+# without its end goes to a thread as it is, for gunicorn's limits to refuse.
+HEAD_BYTES = 64 * 1024
+# After an answer that closes a connection whose client may still be sending (a body the app
+# refused unread, a request that did not arrive in time), the worker stops writing and reads and
+# drops what comes for at most this long before it closes: closed with unread bytes, the kernel
+# resets the connection, and the client may lose the answer it has not read yet.
+LINGER_SECONDS = float(os.environ.get("REDPACK_WEB_LINGER_SECONDS", "5"))
 # accept() errors that say the process or the machine has no room for another connection now.
 OUT_OF_ROOM = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 OPEN_FILES_MARGIN = 200  # descriptors a process needs besides one per connection
@@ -239,6 +255,7 @@ _PARSE_FIELDS: tuple[tuple[type[Exception], str], ...] = (
 _ERROR_CODES = {
     400: "bad_request",
     403: "forbidden",
+    408: "request_timeout",
     431: "request_headers_too_large",
     501: "not_implemented",
 }
@@ -363,8 +380,14 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
         return True
     if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
         return False
-    copy = _Copy(parser.unreader.buf.getvalue())
-    body = ChunkedReader(SimpleNamespace(parse_headers=parser.mesg.parse_headers), copy)
+    return _chunked_in_full(parser.unreader.buf.getvalue(), parser.mesg.parse_headers)
+
+
+def _chunked_in_full(data: bytes, parse_headers: Any) -> bool:
+    """Whether `data` holds a whole chunked body from its start (its trailers given to
+    `parse_headers`); raises what gunicorn's parser raises for a malformed one."""
+    copy = _Copy(data)
+    body = ChunkedReader(SimpleNamespace(parse_headers=parse_headers), copy)
     try:
         while body.read(8192):
             pass
@@ -373,6 +396,78 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
             return False  # the rest is on its way
         raise
     return not copy.ran_dry
+
+
+def _no_trailers(data: bytes, from_trailer: bool = False) -> list[Any]:
+    return []
+
+
+class Arrival:
+    """What the loop makes of the bytes of a request that has begun to arrive (`arrival`)."""
+
+    WAIT = "wait"  # not all there yet: the connection stays in the loop
+    READY = "ready"  # in full, or for gunicorn's parser to refuse: to a thread
+    INVALID = "invalid"  # no HTTP request line: refused from the loop, 400
+
+
+# A request line is visible ASCII and spaces, ended by CRLF: a control byte (a bare LF, NUL, a TLS
+# ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head.
+_NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool]:
+    """Whether the request whose bytes so far are `data` has arrived: its head, and its body
+    when that is at most `body_bytes` long (a longer one is the app's to refuse, 413, and the
+    request goes to a thread at once). Second: whether the client waits for a 100 Continue
+    before it sends that body (HTTP/1.1, `Expect: 100-continue`, the body not all there).
+
+    Anything odd in a head that has ended (folded lines, a header without a colon, two
+    Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is: gunicorn's
+    parser refuses it, or takes it, as it always has."""
+    rest = _past_empty_lines(data)
+    if not rest:
+        return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False
+    line_end = rest.find(b"\r\n")
+    line = rest[:line_end] if line_end >= 0 else rest[:HEAD_BYTES].removesuffix(b"\r")
+    if _NOT_A_REQUEST_LINE.search(line):
+        return Arrival.INVALID, False
+    head_end = rest.find(b"\r\n\r\n")
+    if head_end < 0:
+        return (Arrival.READY if len(rest) > HEAD_BYTES else Arrival.WAIT), False
+    lines = rest[:head_end].split(b"\r\n")
+    lengths: list[bytes] = []
+    chunked = expect = False
+    for header in lines[1:]:
+        name, colon, value = header.partition(b":")
+        if not colon or name != name.strip() or header[:1] in b" \t":
+            return Arrival.READY, False
+        name, value = name.lower(), value.strip()
+        if name == b"content-length":
+            lengths.append(value)
+        elif name == b"transfer-encoding":
+            if chunked or value.lower() != b"chunked":
+                return Arrival.READY, False
+            chunked = True
+        elif name == b"expect":
+            expect = value.lower() == b"100-continue"
+    expect = expect and lines[0].endswith(b" HTTP/1.1")
+    body = rest[head_end + 4 :]
+    if chunked:
+        if lengths or len(body) > body_bytes:
+            return Arrival.READY, False
+        try:
+            whole = _chunked_in_full(body, _no_trailers)
+        except (http_errors.ParseException, OSError):
+            return Arrival.READY, False  # malformed: gunicorn's parser says so
+        return (Arrival.READY, False) if whole else (Arrival.WAIT, expect)
+    if not lengths:
+        return Arrival.READY, False
+    if len(lengths) > 1 or not lengths[0].isdigit():
+        return Arrival.READY, False
+    length = int(lengths[0])
+    if length > body_bytes or len(body) >= length:
+        return Arrival.READY, False
+    return Arrival.WAIT, expect
 
 
 class _Copy(Unreader):  # type: ignore[misc]
@@ -390,6 +485,31 @@ class _Copy(Unreader):  # type: ignore[misc]
             self.ran_dry = True
             return b""
         return data
+
+
+def _body_read_with(req: Any, parser: Any) -> bool:
+    """Whether all of the request's body was read with its head (it is in the parser's buffer)."""
+    reader = req.body.reader
+    if isinstance(reader, LengthReader):
+        return bool(reader.length <= _buffered(parser.unreader))
+    if isinstance(reader, ChunkedReader):
+        try:
+            return _chunks_all_read(reader, parser)
+        except (http_errors.ParseException, OSError):
+            return False
+    return False
+
+
+def _not_a_request(data: bytes) -> bytes:
+    """The 400 to bytes that begin no HTTP request (Arrival.INVALID)."""
+    line = _past_empty_lines(data)[:40].decode("latin1")
+    return error_answer(http_errors.InvalidRequestLine(line), "HTTP/1.1 400 Bad Request")
+
+
+def _timed_out() -> bytes:
+    """The 408 to a request that did not arrive in full within READ_TIMEOUT."""
+    message = f"the request did not arrive in full within {READ_TIMEOUT:g} s"
+    return error_answer(TimeoutError(message), "HTTP/1.1 408 Request Timeout")
 
 
 def _buffered(unreader: Any) -> int:
@@ -422,11 +542,40 @@ class _RequestParser(http.RequestParser):  # type: ignore[misc]
     mesg_class = _Request
 
 
+class _Deadlines:
+    """Connections waiting in the loop, by deadline; added from any thread. An entry counts
+    while its connection's `waits` is what it was when added (`_Conn`): one that moved on since
+    (to a thread, to another wait) is passed over."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any, int]] = []
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+
+    def add(self, deadline: float, conn: Any) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (deadline, next(self._order), conn, conn.waits))
+
+    def past(self, now: float) -> Iterator[Any]:
+        """Take out, and yield, the connections whose deadline is past and who still wait."""
+        while True:
+            with self._lock:
+                if not self._heap or self._heap[0][0] > now:
+                    return
+                _, _, conn, waits = heapq.heappop(self._heap)
+            if conn.waits == waits:
+                yield conn
+
+
 class _Conn(TConn):  # type: ignore[misc]
     """gthread's connection, its parser reading through `_Arriving`."""
 
     arriving: _Arriving
     pipelined = False  # its next request was read with the last one (`next_request_read`)
+    early = b""  # what the loop read of the request under way, not yet its parser's
+    waits = 0  # bumped whenever it starts or stops waiting in the loop (`_wait`)
+    continued = False  # the loop sent its request's 100 Continue
+    linger = False  # closed after its answer: its client may still be sending (`_linger`)
 
     def init(self) -> None:
         fresh = self.parser is None  # type: ignore[has-type]
@@ -449,6 +598,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._unread_since: deque[tuple[float, Any]] = deque()
         self._listening = False
         self._no_room_until: float | None = None  # set while accept() finds no room
+        # Requests arrive in the loop (`arrival`), not in a thread; not over TLS, whose
+        # handshake gthread makes in the thread that reads the first request.
+        self._gathers = not self.cfg.is_ssl
+        self._waits = _Deadlines()  # of the connections waiting in the loop
 
     def handle(self, conn: Any) -> Any:
         """gthread's, with a limit on how long the request may take to arrive (READ_TIMEOUT,
@@ -457,6 +610,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         connection whose next request was read with this one (`next_request_read`) is served
         again at once (`finish_request`)."""
         conn.arriving.start()
+        if conn.early:  # what the loop read: the request, in full (`arrival`)
+            conn.parser.unreader.unread(conn.early)
+            conn.early = b""
         keepalive, conn = super().handle(conn)
         if conn.arriving.request is None and conn.arriving.empty_lines and not conn.arriving.cut:
             conn.pipelined = False
@@ -466,13 +622,41 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             conn.pipelined = keepalive and next_request_read(conn.parser)
         except (http_errors.ParseException, OSError):  # out of step: closed, never read on
             return False, conn
+        if conn.pipelined and self._gathers:
+            return self._next_in_buffer(conn), conn
         return keepalive, conn
+
+    def _next_in_buffer(self, conn: Any) -> bool:
+        """The next request came with the last one: served at once when all of it is there;
+        else back to the loop, its start taken out of the parser's buffer, to arrive there like
+        any request; refused when it is no request at all."""
+        unreader = conn.parser.unreader
+        buffered = unreader.buf.getvalue()
+        verdict, _ = arrival(buffered, body_bytes=self._body_bytes)
+        if verdict == Arrival.READY:
+            return True
+        conn.pipelined = False
+        unreader.buf = io.BytesIO()
+        if verdict == Arrival.WAIT:
+            conn.early = buffered
+            return True
+        with contextlib.suppress(OSError):
+            util.write(conn.sock, _not_a_request(buffered))
+        conn.linger = True
+        return False
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
-        if req.version < (1, 1) and any(name == "EXPECT" for name, _ in req.headers):
-            # An HTTP/1.0 client knows no 100 Continue (RFC 9110 10.1.1: ignored), which
-            # gunicorn would send it before the app runs: it could take it for its answer.
+        # gunicorn sends 100 Continue to a request that asks for it, before the app runs; not to
+        # an HTTP/1.0 client, which knows none (RFC 9110 10.1.1: ignored) and could take it for
+        # its answer; not again after the loop's; not for a body the app will refuse unread.
+        continued, conn.continued = conn.continued, False
+        expect = req.version < (1, 1) or continued
+        if self._gathers and not _body_read_with(req, conn.parser):
+            # Longer than the loop reads (`arrival`): the app refuses it (413) without reading
+            # it, and the connection closes after the answer, lingering for what is still sent.
+            req.must_close = conn.linger = expect = True
+        if expect:
             req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
         return super().handle_request(req, conn)
 
@@ -545,12 +729,32 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         it never does: its next request is in the parser's buffer, not the socket's, and gthread
         closed it unanswered when its keep-alive ran out."""
         try:
-            if not self._serve_next(fs):
+            if not (self._serve_next(fs) or self._rest_to_come(fs)):
                 super().finish_request(fs)
         finally:
             with self._pending_lock:
                 self._pending.discard(fs)
                 self._publish_held()
+
+    def _rest_to_come(self, fs: futures.Future[Any]) -> bool:
+        """A connection whose next request has begun to come (`_next_in_buffer`) waits for the
+        rest in the loop; one closed while its client may still be sending lingers."""
+        if fs.cancelled() or fs.exception() is not None:
+            return False
+        keepalive, conn = fs.result()
+        if keepalive and self.alive and conn.early:
+            conn.sock.setblocking(False)
+            with self._lock:
+                self.poller.register(
+                    conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
+                )
+            self._wait(conn, READ_TIMEOUT)
+            return True
+        if not keepalive and conn.linger:
+            conn.linger = False
+            self._linger(conn)
+            return True
+        return False
 
     def _serve_next(self, fs: futures.Future[Any]) -> bool:
         if fs.cancelled() or fs.exception() is not None:
@@ -597,10 +801,133 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self.poller.register(
                     conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
                 )
+            self._wait(conn, READ_TIMEOUT)  # for its request, which must come in time
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
+        """gthread hands a connection to a thread as soon as it is readable, and the thread
+        waits for the rest of the request: a few dozen clients that send a request slowly, or
+        only its start, held every thread (seen: 500 connections that sent a request line and
+        nothing more stalled every other client for a minute). Here the loop reads what comes
+        and hands the request over once all of it is there (`arrival`); until then the
+        connection waits in the loop, at most READ_TIMEOUT, then gets a 408."""
         self._unread_change(conn, accepted=False)  # counted as a request from now on, if any
-        super().on_client_socket_readable(conn, client)
+        if not self._gathers:
+            super().on_client_socket_readable(conn, client)
+            return
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data and not conn.early:  # closed before a request
+            self._drop(conn)
+            return
+        conn.early += data
+        # At the end of the stream (a client that shut down its side after sending), what came
+        # is all there is: the thread answers it, or finds it cut short.
+        verdict, expect = arrival(conn.early, body_bytes=self._body_bytes) if data else ("", False)
+        if verdict == Arrival.WAIT:
+            self._arriving(conn, expect)
+        elif verdict == Arrival.INVALID:
+            with contextlib.suppress(OSError):
+                conn.sock.send(_not_a_request(conn.early))
+            self._linger(conn)
+        else:
+            conn.waits += 1  # no longer waiting in the loop
+            with self._lock:
+                self.poller.unregister(client)
+                with contextlib.suppress(ValueError):
+                    self._keep.remove(conn)
+            self.enqueue_req(conn)
+
+    def _arriving(self, conn: Any, expect: bool) -> None:
+        """The request has begun to come, not all of it: a kept-alive connection leaves the
+        keep-alive queue for the deadline of a request under way; one whose client waits for a
+        100 Continue gets it."""
+        if conn.initialized:
+            with self._lock:
+                kept = conn in self._keep
+                if kept:
+                    self._keep.remove(conn)
+            if kept:
+                self._wait(conn, READ_TIMEOUT)
+        if expect and not conn.continued:
+            conn.continued = True
+            with contextlib.suppress(OSError):
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    @cached_property
+    def _body_bytes(self) -> int:
+        """The longest body the loop reads before the request goes to a thread: the app's
+        DATA_UPLOAD_MAX_MEMORY_SIZE (it refuses a longer one unread, 413)."""
+        from django.conf import settings
+
+        limit = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None)
+        return HEAD_BYTES if limit is None else int(limit)
+
+    # --- connections waiting in the loop -------------------------------------------------
+
+    def _wait(self, conn: Any, seconds: float | None) -> None:
+        """`conn` waits in the loop from now, for at most `seconds` (None: no limit)."""
+        conn.waits += 1
+        if seconds is not None:
+            self._waits.add(clock() + seconds, conn)
+
+    def _expire_waits(self) -> None:
+        """Past its deadline: a lingering connection is closed; one whose request has begun
+        is answered 408 and lingers; one that sent nothing is closed (gthread kept a
+        connection that never sent a byte open for ever)."""
+        for conn in self._waits.past(clock()):
+            if not conn.linger and _past_empty_lines(conn.early):
+                with contextlib.suppress(OSError):
+                    conn.sock.send(_timed_out())
+                self._linger(conn)
+            else:
+                self._drop(conn)
+
+    def _drop(self, conn: Any) -> None:
+        """Close a connection the loop holds."""
+        conn.waits += 1
+        with self._lock:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+            with contextlib.suppress(ValueError):
+                self._keep.remove(conn)
+        self.nr_conns -= 1
+        conn.close()
+
+    def _linger(self, conn: Any) -> None:
+        """Close after an answer while the client may still be sending: stop writing, then read
+        and drop what comes until the client closes its side or LINGER_SECONDS pass."""
+        conn.linger = True
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            conn.sock.setblocking(False)
+        except OSError:
+            self._drop(conn)
+            return
+        drain = partial(self._drain, conn)
+        with self._lock:
+            try:
+                self.poller.modify(conn.sock, selectors.EVENT_READ, drain)
+            except KeyError:  # from a thread: not in the loop
+                self.poller.register(conn.sock, selectors.EVENT_READ, drain)
+        self._wait(conn, LINGER_SECONDS)
+
+    def _drain(self, conn: Any, client: Any) -> None:
+        for _ in range(16):  # a fast sender leaves the loop to the others between reads
+            try:
+                if not conn.sock.recv(262144):
+                    break
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                break
+        else:
+            return
+        self._drop(conn)
 
     def murder_keepalived(self) -> None:
         """gthread's, except that a kept-alive connection whose next request has come is served,
@@ -664,6 +991,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 if not self.is_parent_alive():
                     break
                 self.murder_keepalived()
+                self._expire_waits()
         finally:
             self._ready_to_accept(False)  # exiting: the others no longer wait for this one
         self.tpool.shutdown(False)

@@ -25,7 +25,6 @@ from django.conf import settings
 from gunicorn import http
 from gunicorn.config import Config
 from gunicorn.http import errors as http_errors
-from gunicorn.workers.gthread import TConn
 
 from redpack import webworker
 
@@ -88,6 +87,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker._pending, worker._pending_lock = set(), threading.Lock()
     worker._unread, worker._unread_since = set(), deque()
     worker._no_room_until = None
+    worker._waits, worker._gathers = webworker._Deadlines(), True
     monkeypatch.setattr(worker, "_others", lambda: others)
     return worker
 
@@ -217,8 +217,9 @@ def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two kept-alive connections whose keep-alive ran out during a pass of the loop: the one
-    whose client has sent its next request goes to a thread (gthread closed it unread, and the
-    kernel reset it: a request without an answer); the idle one is closed, as gthread does."""
+    whose client has sent its next request goes to a thread with it (gthread closed it unread,
+    and the kernel reset it: a request without an answer); the idle one is closed, as gthread
+    does."""
     worker = _loop_of_one_worker(monkeypatch, [])
     worker._keep = deque()
     served: list[Any] = []
@@ -227,7 +228,7 @@ def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
     (asking_server, asking_client), (idle_server, idle_client) = pairs
     conns = []
     for server_side, _ in pairs:
-        conn = TConn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
+        conn = webworker._Conn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
         conn.initialized = True
         conn.timeout = 0.0  # ran out long ago
         worker._keep.append(conn)
@@ -235,9 +236,11 @@ def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
         worker.nr_conns += 1
         conns.append(conn)
     try:
-        asking_client.sendall(b"POST /api/activities/1/grab/ HTTP/1.1\r\n\r\n")
+        request = b"POST /api/activities/1/grab/ HTTP/1.1\r\n\r\n"
+        asking_client.sendall(request)
         worker.murder_keepalived()
-        assert served == [conns[0]]  # to a thread, with its request unread
+        assert served == [conns[0]]  # to a thread, with its request (the loop read it)
+        assert conns[0].early == request
         assert asking_server.fileno() != -1
         assert idle_server.fileno() == -1  # closed
         idle_client.settimeout(10)
@@ -529,39 +532,80 @@ def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
             assert len(error["message"]) <= 200
 
 
-def test_clients_that_stop_mid_request_lose_their_connection_not_the_servers_threads():
-    """Every thread of a worker held by a client that stopped sending (mid-head, mid-body):
-    past REDPACK_WEB_READ_TIMEOUT each such connection is closed and the next request is
-    answered (with gthread's own reads, never: they wait for as long as the client does)."""
-    stalls = [
-        b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
-        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 1000\r\n\r\n{"username": ',
-    ]
-    with gunicorn(workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1") as base:
+def _read_until_closed(sock: socket.socket) -> bytes:
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+STALLS = [
+    b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n",  # the head, never ended
+    b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+    b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 1000\r\n\r\n{"username": ',  # the body, never ended
+    b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhel",  # the chunks, never ended
+]
+
+
+def test_requests_that_come_slowly_hold_no_thread():
+    """A request goes to a thread once all of it has come (its head, and its body up to the
+    app's limit); until then it waits in the worker's loop. With gthread a thread waited on each
+    client that had sent a first byte: a few dozen clients sending requests slowly, or only
+    their start, held every thread and stalled everybody else (seen: a minute). Here the one
+    thread of the worker answers another client while requests that never end and a connection
+    that sends nothing wait, and a request that ends late is answered."""
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
         host, port = base.removeprefix("http://").split(":")
-        stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in stalls]
+        stalled = [socket.create_connection((host, int(port)), timeout=60) for _ in range(6)]
         try:
-            for sock, start in zip(stalled, stalls, strict=True):
+            for sock, start in zip(
+                stalled, [*STALLS, b"GET /api/ping/ HTTP/1.1\r\n"], strict=False
+            ):
                 sock.sendall(start)
-            status, _, body = raw_request(
-                base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-            )
-            assert status in (200, 503) and json.loads(body)["status"], body
-            for sock in stalled:  # closed by the server (the body's with a 400 first)
-                answer = b""
-                while chunk := sock.recv(65536):
-                    answer += chunk
-                assert answer == b"" or answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+            for _ in range(2):
+                status, _, body = raw_request(
+                    base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                )
+                assert status in (200, 503) and json.loads(body)["status"], body
+            late = stalled[4]
+            late.sendall(b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert Answers(late).until_closed() == [401]  # the ping's, without a token
         finally:
             for sock in stalled:
                 sock.close()
 
 
+def test_a_request_that_does_not_come_in_time_is_answered_408_and_its_connection_closed():
+    """Past REDPACK_WEB_READ_TIMEOUT from its first byte, a request that has not come in full
+    (mid-head, mid-body) gets a 408 in the API's JSON shape and the end of its connection; a
+    connection that sent nothing in that time is closed without a word (gthread kept it open
+    for ever: a few thousand such connections filled every worker)."""
+    with gunicorn(workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1") as base:
+        host, port = base.removeprefix("http://").split(":")
+        stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in STALLS]
+        with socket.create_connection((host, int(port)), timeout=30) as silent:
+            try:
+                for sock, start in zip(stalled, STALLS, strict=True):
+                    sock.sendall(start)
+                for sock in stalled:
+                    answer = _read_until_closed(sock)
+                    head, _, body = answer.partition(b"\r\n\r\n")
+                    assert head.startswith(b"HTTP/1.1 408 "), answer[:80]
+                    assert b"\r\nConnection: close\r\n" in head + b"\r\n", head
+                    assert json.loads(body)["error"]["code"] == "request_timeout"
+                assert _read_until_closed(silent) == b""
+            finally:
+                for sock in stalled:
+                    sock.close()
+
+
 def test_a_client_that_sends_a_byte_now_and_then_loses_its_connection():
     """A request must arrive in full within REDPACK_WEB_READ_TIMEOUT, however often its client
-    sends a byte (slow loris): the server closes the connection before the client has sent the
-    head it trickles, and serves the next request meanwhile."""
+    sends a byte (slow loris): the server answers 408 and closes the connection before the
+    client has sent the head it trickles, and serves the next request meanwhile."""
     trickle = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 300
     with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="1") as base:
         host, port = base.removeprefix("http://").split(":")
@@ -574,7 +618,7 @@ def test_a_client_that_sends_a_byte_now_and_then_loses_its_connection():
                 sent += 1
                 readable, _, _ = select.select([sock], [], [], 0.1)
                 if readable:
-                    assert sock.recv(100) == b""  # closed, nothing said
+                    assert _read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
                     break
             assert sent < len(trickle), "the server waited for the whole trickle"
         status, _, _ = raw_request(
@@ -584,7 +628,7 @@ def test_a_client_that_sends_a_byte_now_and_then_loses_its_connection():
 
 
 def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
-    """Its 400 comes, and then the end of the connection: the rest of the body, sent late,
+    """Its 408 comes, and then the end of the connection: the rest of the body, sent late,
     is never read as a request of its own."""
     head = (
         b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -597,15 +641,11 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(head + start)
-            answer = b""
-            while not answer.endswith(b"\r\n0\r\n\r\n") and (chunk := sock.recv(65536)):
-                answer += chunk  # the 400, in chunks
-            with contextlib.suppress(OSError):  # the server may have closed already
+            answer = _read_until_closed(sock)  # the server stops writing after its answer
+            with contextlib.suppress(OSError):
                 sock.sendall(rest + later)
-            with contextlib.suppress(ConnectionResetError):
-                while chunk := sock.recv(65536):  # until the server closes
-                    answer += chunk
-    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+            answer += _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
     assert b"\r\nConnection: close\r\n" in answer.partition(b"\r\n\r\n")[0], answer[:300]
     assert answer.count(b"HTTP/1.1 ") == 1, answer
 
@@ -642,28 +682,29 @@ def test_requests_sent_together_on_one_connection_are_all_answered_in_order():
 
 
 def test_the_rest_of_a_body_still_on_its_way_is_not_read_as_the_next_request():
-    """The grab answers before its body has all come (it reads none): the rest of that body,
-    sent after the answer, is passed over, and the request after it is answered."""
+    """A grab's body comes in two pieces: the request waits in the loop for the second (another
+    client is answered meanwhile), and no part of that body is read as a request of its own;
+    the request after it on the connection is answered."""
     head = b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 30\r\n\r\n"
     first, rest = b"GET /nowhere/ HTT", b"P/1.1\r\n\r\n\r\n\r\n"
     assert len(first + rest) == 30
     later = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    with _one_connection() as sock:
-        sock.sendall(head + first)
-        answer = b""
-        while b"\r\n0\r\n\r\n" not in answer and b'"code"' not in answer:
-            chunk = sock.recv(65536)
-            assert chunk, answer
-            answer += chunk  # the grab's 401, before the rest of its body was sent
-        assert answer.startswith(b"HTTP/1.1 401 "), answer[:80]
-        sock.sendall(rest + later)
-        assert Answers(sock).until_closed() == [401]  # the ping's, without a token
+    with gunicorn(workers=1, threads=1) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + first)
+            status, _, _ = raw_request(
+                base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+            assert status in (200, 503)
+            sock.sendall(rest + later)
+            assert Answers(sock).until_closed() == [401, 401]  # the grab's, the ping's
 
 
 def test_requests_behind_a_chunked_body_are_answered_in_turn():
     """The grab and the ping read no body: one sent in chunks (here with a trailer) is passed
     over whole, and the requests sent with it are answered; one whose last chunk is still on its
-    way is left to the loop until it comes, never read as a request."""
+    way waits in the loop until it comes, never read as a request."""
     chunked = (
         b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Transfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
@@ -677,10 +718,8 @@ def test_requests_behind_a_chunked_body_are_answered_in_turn():
         assert Answers(sock).until_closed() == [401, 401, 401, 404]
     with _one_connection() as sock:
         sock.sendall(chunked + chunks)
-        answers = Answers(sock)
-        assert answers.next_status() == 401  # before its last chunk was sent
         sock.sendall(end + last)
-        assert answers.until_closed() == [404]
+        assert Answers(sock).until_closed() == [401, 404]
 
 
 def test_an_answer_to_head_has_no_body_and_the_next_answer_is_read_whole():
@@ -780,20 +819,130 @@ def test_empty_lines_before_a_request_line_are_passed_over():
         assert answers.until_closed() == [404]
 
 
-def test_empty_lines_alone_wait_in_the_loop_not_in_a_thread():
-    """A kept-alive connection on which only an empty line came does not hold the worker's one
-    thread until the request deadline (600 s here): another client is answered meanwhile, and
-    the connection still serves its next request."""
+NOWHERE = b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("with_first", "after_answer"),
+    [
+        (NOWHERE[:17], b""),  # pipelined: the next request's start read with the first
+        (b"", b"\r\n"),  # an empty line alone
+    ],
+)
+def test_the_start_of_a_next_request_waits_in_the_loop_not_in_a_thread(
+    with_first: bytes, after_answer: bytes
+) -> None:
+    """On a kept-alive connection, the start of the next request (read with the one answered,
+    or an empty line sent on its own) does not hold the worker's one thread until the request
+    deadline (600 s here): another client is answered meanwhile, and the next request is
+    answered once its rest has come."""
     with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=60) as kept:
-            kept.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            kept.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + with_first)
             answers = Answers(kept)
             assert answers.next_status() == 401
-            kept.sendall(b"\r\n")
+            kept.sendall(after_answer)
             status, _, _ = raw_request(
                 base, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
             )
             assert status in (200, 503)
-            kept.sendall(b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            kept.sendall(NOWHERE[len(with_first) :])
             assert answers.until_closed() == [404]
+
+
+GRAB_HEAD = b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\n"
+WAIT, READY, INVALID = webworker.Arrival.WAIT, webworker.Arrival.READY, webworker.Arrival.INVALID
+
+
+@pytest.mark.parametrize(
+    ("data", "verdict", "expect"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", READY, False),
+        (b"\r\n\r\nGET / HTTP/1.1\r\n\r\n", READY, False),  # empty lines first
+        (b"\r\n", WAIT, False),
+        (b"\r\n" * 40, READY, False),  # more empty lines than a request may begin with
+        (b"GET / HTTP/1.1\r", WAIT, False),  # its CRLF split between two reads
+        (b"GET / HTTP/1.1\r\nHost: x\r\n", WAIT, False),
+        (GRAB_HEAD + b"Content-Length: 5\r\n\r\nabc", WAIT, False),
+        (GRAB_HEAD + b"Content-Length: 5\r\n\r\nabcde", READY, False),
+        (GRAB_HEAD + b"Content-Length: 5\r\nExpect: 100-continue\r\n\r\n", WAIT, True),
+        (
+            GRAB_HEAD.replace(b"1.1", b"1.0")
+            + b"Content-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+            WAIT,
+            False,
+        ),
+        (GRAB_HEAD + b"Content-Length: 11\r\nExpect: 100-continue\r\n\r\n", READY, False),  # over
+        (GRAB_HEAD + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n", READY, False),
+        (GRAB_HEAD + b"Content-Length: -1\r\n\r\n", READY, False),
+        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", WAIT, False),
+        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", READY, False),
+        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", READY, False),  # malformed
+        (GRAB_HEAD + b"Transfer-Encoding: gzip\r\n\r\n", READY, False),
+        (GRAB_HEAD + b"X-Folded: a\r\n b\r\nContent-Length: 5\r\n\r\n", READY, False),
+        (b"GET / HTTP/1.1\nHost: x\n\n", INVALID, False),  # bare LF
+        (b"\x16\x03\x01\x02\x00\x01\x00", INVALID, False),  # a TLS ClientHello
+        (b"GET /\x00 HTTP/1.1\r\n\r\n", INVALID, False),
+        (b"GET /" + b"a" * (webworker.HEAD_BYTES + 1), READY, False),  # for gunicorn's limit
+    ],
+)
+def test_the_loop_hands_a_request_over_once_it_has_come(
+    data: bytes, verdict: str, expect: bool
+) -> None:
+    assert webworker.arrival(data, body_bytes=10) == (verdict, expect)
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"GET / HTTP/1.1\nHost: x\n\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"]
+)
+def test_bytes_that_begin_no_request_are_refused_at_once(garbage: bytes) -> None:
+    """A bare LF, a TLS ClientHello on the plain port: no head of theirs would ever end (gthread
+    held a thread on them until the request deadline, and closed without a word); here a 400
+    naming the request line, and the end of the connection."""
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
+        status, headers, body = raw_request(base, garbage)
+    assert (status, headers["connection"]) == (400, "close")
+    assert list(json.loads(body)["error"]["fields"]) == ["request_line"]
+
+
+def test_a_body_over_the_limit_gets_no_100_continue_and_its_413_is_not_reset():
+    """The app refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE unread (413): a client that asked
+    for 100 Continue gets the 413 instead, with Connection: close, and one that sends its body
+    anyway is not reset by the close (the server stops writing and drops what still comes), so
+    it reads its answer."""
+    head = (
+        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10000000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with _one_connection() as sock:
+        sock.sendall(head)
+        answers = Answers(sock)
+        first = sock.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL)
+        assert first == b"HTTP/1.1 413", first  # not "HTTP/1.1 100"
+        sock.sendall(b" " * 2_000_000)  # past what the sockets' buffers hold: read, then dropped
+        sock.shutdown(socket.SHUT_WR)
+        status, headers, _ = answers.next()
+        assert (status, headers["connection"]) == (413, "close")
+        assert answers.read() == b""  # the end, not a reset
+
+
+def test_a_request_that_asks_for_100_continue_gets_one():
+    """The loop sends it, and the request goes to a thread once its body has come: no second
+    100 Continue before the answer."""
+    body = b'{"username": "nobody", "password": "x"}'
+    head = (
+        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n" % len(body)
+    )
+    with _one_connection() as sock:
+        sock.sendall(head)
+        answer = b""
+        while not answer.endswith(b"\r\n\r\n"):
+            chunk = sock.recv(1)
+            assert chunk, answer
+            answer += chunk
+        assert answer == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        rest = _read_until_closed(sock)
+    assert rest.startswith(b"HTTP/1.1 401 "), rest[:80]  # no such account
