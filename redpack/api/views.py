@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularSwaggerView
 from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework import generics, status
 from rest_framework.authentication import SessionAuthentication
@@ -91,6 +91,7 @@ class SchemaView(DocumentRenderedForGet, SpectacularAPIView):
     _first = threading.Lock()
     _generated = False
 
+    @extend_schema(**SCHEMA_KWARGS)  # as drf-spectacular's own: not in the schema
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         if not SchemaView._generated:
             with SchemaView._first:
