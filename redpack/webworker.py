@@ -824,12 +824,23 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         if not data and not conn.early:  # closed before a request
             self._drop(conn)
             return
+        kept = False  # a kept-alive connection's next request has begun: off the keep-alive queue
+        if conn.initialized:
+            with self._lock:
+                kept = conn in self._keep
+                if kept:
+                    self._keep.remove(conn)
         conn.early += data
         # At the end of the stream (a client that shut down its side after sending), what came
         # is all there is: the thread answers it, or finds it cut short.
         verdict, expect = arrival(conn.early, body_bytes=self._body_bytes) if data else ("", False)
         if verdict == Arrival.WAIT:
-            self._arriving(conn, expect)
+            if kept:  # the deadline of a request under way, from its first byte
+                self._wait(conn, READ_TIMEOUT)
+            if expect and not conn.continued:  # the client waits for it before its body
+                conn.continued = True
+                with contextlib.suppress(OSError):
+                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         elif verdict == Arrival.INVALID:
             with contextlib.suppress(OSError):
                 conn.sock.send(_not_a_request(conn.early))
@@ -838,25 +849,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             conn.waits += 1  # no longer waiting in the loop
             with self._lock:
                 self.poller.unregister(client)
-                with contextlib.suppress(ValueError):
-                    self._keep.remove(conn)
             self.enqueue_req(conn)
-
-    def _arriving(self, conn: Any, expect: bool) -> None:
-        """The request has begun to come, not all of it: a kept-alive connection leaves the
-        keep-alive queue for the deadline of a request under way; one whose client waits for a
-        100 Continue gets it."""
-        if conn.initialized:
-            with self._lock:
-                kept = conn in self._keep
-                if kept:
-                    self._keep.remove(conn)
-            if kept:
-                self._wait(conn, READ_TIMEOUT)
-        if expect and not conn.continued:
-            conn.continued = True
-            with contextlib.suppress(OSError):
-                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     @cached_property
     def _body_bytes(self) -> int:

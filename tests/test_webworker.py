@@ -254,6 +254,33 @@ def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
             client_side.close()
 
 
+def test_a_kept_alive_connection_that_sends_no_request_is_refused_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its keep-alive ran out during a pass and what came is no HTTP request: a 400, and the
+    connection leaves the keep-alive queue for good (counted once, closed once)."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    worker._keep = deque()
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        conn = webworker._Conn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
+        conn.initialized = True
+        conn.timeout = 0.0  # ran out long ago
+        worker._keep.append(conn)
+        worker.poller.register(server_side, selectors.EVENT_READ)
+        worker.nr_conns = 1
+        client_side.sendall(b"\x16\x03\x01\x02\x00")
+        worker.murder_keepalived()
+        assert list(worker._keep) == [] and worker.nr_conns == 1  # lingering, still counted
+        client_side.settimeout(10)
+        assert client_side.recv(12) == b"HTTP/1.1 400"
+        client_side.shutdown(socket.SHUT_WR)
+        key = worker.poller.get_key(server_side)
+        key.data(server_side)  # the loop reads the client's end
+        assert worker.nr_conns == 0 and not worker.poller.get_map()
+        worker.poller.close()
+
+
 def _waiting(listener: socket.socket) -> int:
     """Connections in the listener's accept queue: a listening socket's rx_queue in
     /proc/net/tcp."""
