@@ -116,6 +116,7 @@ EMPTY_LINE_BYTES = 64
 # which hands it to a thread only once it is there in full (`arrival`): a head longer than this
 # without its end goes to a thread as it is, for gunicorn's limits to refuse.
 HEAD_BYTES = 64 * 1024
+LINE_BYTES = 8 * 1024  # likewise, a request line without its end (gunicorn's limit: 4094)
 # After an answer that closes a connection whose client may still be sending (a body the app
 # refused unread, a request that did not arrive in time), the worker stops writing and reads and
 # drops what comes for at most this long before it closes: closed with unread bytes, the kernel
@@ -398,10 +399,6 @@ def _chunked_in_full(data: bytes, parse_headers: Any) -> bool:
     return not copy.ran_dry
 
 
-def _no_trailers(data: bytes, from_trailer: bool = False) -> list[Any]:
-    return []
-
-
 class Arrival:
     """What the loop makes of the bytes of a request that has begun to arrive (`arrival`)."""
 
@@ -415,59 +412,53 @@ class Arrival:
 _NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool]:
+def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
     """Whether the request whose bytes so far are `data` has arrived: its head, and its body
-    when that is at most `body_bytes` long (a longer one is the app's to refuse, 413, and the
-    request goes to a thread at once). Second: whether the client waits for a 100 Continue
-    before it sends that body (HTTP/1.1, `Expect: 100-continue`, the body not all there).
+    when that has a Content-Length of at most `body_bytes` (a longer one is the app's to refuse,
+    413; a chunked one the app never reads, 411 or passed over: either goes to a thread at once,
+    and the connection closes after the answer unless the rest came with the head). Second:
+    whether the client waits for a 100 Continue before it sends that body (HTTP/1.1, `Expect:
+    100-continue`, the body not all there). Third, when waiting for a body: how many bytes
+    `data` must hold before anything changes (the head is not parsed again for every piece of
+    a body sent in pieces); else 0.
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
     Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is: gunicorn's
     parser refuses it, or takes it, as it always has."""
     rest = _past_empty_lines(data)
     if not rest:
-        return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False
-    line_end = rest.find(b"\r\n")
-    line = rest[:line_end] if line_end >= 0 else rest[:HEAD_BYTES].removesuffix(b"\r")
+        return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
+    line_end = rest.find(b"\r\n", 0, LINE_BYTES)
+    line = rest[:line_end] if line_end >= 0 else rest[:LINE_BYTES].removesuffix(b"\r")
     if _NOT_A_REQUEST_LINE.search(line):
-        return Arrival.INVALID, False
+        return Arrival.INVALID, False, 0
+    if line_end < 0:
+        return (Arrival.READY if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0
     head_end = rest.find(b"\r\n\r\n")
     if head_end < 0:
-        return (Arrival.READY if len(rest) > HEAD_BYTES else Arrival.WAIT), False
+        return (Arrival.READY if len(rest) > HEAD_BYTES else Arrival.WAIT), False, 0
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
     chunked = expect = False
     for header in lines[1:]:
         name, colon, value = header.partition(b":")
         if not colon or name != name.strip() or header[:1] in b" \t":
-            return Arrival.READY, False
+            return Arrival.READY, False, 0
         name, value = name.lower(), value.strip()
         if name == b"content-length":
             lengths.append(value)
         elif name == b"transfer-encoding":
-            if chunked or value.lower() != b"chunked":
-                return Arrival.READY, False
             chunked = True
         elif name == b"expect":
             expect = value.lower() == b"100-continue"
     expect = expect and lines[0].endswith(b" HTTP/1.1")
-    body = rest[head_end + 4 :]
-    if chunked:
-        if lengths or len(body) > body_bytes:
-            return Arrival.READY, False
-        try:
-            whole = _chunked_in_full(body, _no_trailers)
-        except (http_errors.ParseException, OSError):
-            return Arrival.READY, False  # malformed: gunicorn's parser says so
-        return (Arrival.READY, False) if whole else (Arrival.WAIT, expect)
-    if not lengths:
-        return Arrival.READY, False
-    if len(lengths) > 1 or not lengths[0].isdigit():
-        return Arrival.READY, False
+    if chunked or len(lengths) != 1 or not lengths[0].isdigit():
+        return Arrival.READY, False, 0
     length = int(lengths[0])
-    if length > body_bytes or len(body) >= length:
-        return Arrival.READY, False
-    return Arrival.WAIT, expect
+    body_starts = len(data) - len(rest) + head_end + 4
+    if length > body_bytes or len(data) - body_starts >= length:
+        return Arrival.READY, False, 0
+    return Arrival.WAIT, expect, body_starts + length
 
 
 class _Copy(Unreader):  # type: ignore[misc]
@@ -574,6 +565,7 @@ class _Conn(TConn):  # type: ignore[misc]
     pipelined = False  # its next request was read with the last one (`next_request_read`)
     early = b""  # what the loop read of the request under way, not yet its parser's
     waits = 0  # bumped whenever it starts or stops waiting in the loop (`_wait`)
+    complete_at = 0  # the length of `early` at which its request's body will be there
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
 
@@ -632,13 +624,13 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         any request; refused when it is no request at all."""
         unreader = conn.parser.unreader
         buffered = unreader.buf.getvalue()
-        verdict, _ = arrival(buffered, body_bytes=self._body_bytes)
+        verdict, _, complete_at = arrival(buffered, body_bytes=self._body_bytes)
         if verdict == Arrival.READY:
             return True
         conn.pipelined = False
         unreader.buf = io.BytesIO()
         if verdict == Arrival.WAIT:
-            conn.early = buffered
+            conn.early, conn.complete_at = buffered, complete_at
             return True
         with contextlib.suppress(OSError):
             util.write(conn.sock, _not_a_request(buffered))
@@ -833,7 +825,12 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         conn.early += data
         # At the end of the stream (a client that shut down its side after sending), what came
         # is all there is: the thread answers it, or finds it cut short.
-        verdict, expect = arrival(conn.early, body_bytes=self._body_bytes) if data else ("", False)
+        if not data:
+            verdict, expect = Arrival.READY, False
+        elif len(conn.early) < conn.complete_at:
+            verdict, expect = Arrival.WAIT, False  # more of a body whose head was read
+        else:
+            verdict, expect, conn.complete_at = arrival(conn.early, body_bytes=self._body_bytes)
         if verdict == Arrival.WAIT:
             if kept:  # the deadline of a request under way, from its first byte
                 self._wait(conn, READ_TIMEOUT)
@@ -847,6 +844,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             self._linger(conn)
         else:
             conn.waits += 1  # no longer waiting in the loop
+            conn.complete_at = 0
             with self._lock:
                 self.poller.unregister(client)
             self.enqueue_req(conn)
