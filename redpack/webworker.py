@@ -624,13 +624,17 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         any request; refused when it is no request at all."""
         unreader = conn.parser.unreader
         buffered = unreader.buf.getvalue()
-        verdict, _, complete_at = arrival(buffered, body_bytes=self._body_bytes)
+        verdict, expect, complete_at = arrival(buffered, body_bytes=self._body_bytes)
         if verdict == Arrival.READY:
             return True
         conn.pipelined = False
         unreader.buf = io.BytesIO()
         if verdict == Arrival.WAIT:
             conn.early, conn.complete_at = buffered, complete_at
+            if expect:  # its client waits for it before the body
+                conn.continued = True
+                with contextlib.suppress(OSError):
+                    util.write(conn.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
         with contextlib.suppress(OSError):
             util.write(conn.sock, _not_a_request(buffered))
@@ -736,11 +740,12 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         keepalive, conn = fs.result()
         if keepalive and self.alive and conn.early:
             conn.sock.setblocking(False)
+            # Its deadline before the loop can see it: the loop may close it at once.
+            self._wait(conn, READ_TIMEOUT)
             with self._lock:
                 self.poller.register(
                     conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
                 )
-            self._wait(conn, READ_TIMEOUT)
             return True
         if not keepalive and conn.linger:
             conn.linger = False
@@ -900,12 +905,14 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             self._drop(conn)
             return
         drain = partial(self._drain, conn)
+        # Its deadline before the loop can see it: the loop may close it at once (the client's
+        # end already there), and a deadline set after would close it a second time.
+        self._wait(conn, LINGER_SECONDS)
         with self._lock:
             try:
                 self.poller.modify(conn.sock, selectors.EVENT_READ, drain)
             except KeyError:  # from a thread: not in the loop
                 self.poller.register(conn.sock, selectors.EVENT_READ, drain)
-        self._wait(conn, LINGER_SECONDS)
 
     def _drain(self, conn: Any, client: Any) -> None:
         for _ in range(16):  # a fast sender leaves the loop to the others between reads

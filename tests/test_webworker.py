@@ -962,22 +962,23 @@ def test_a_body_over_the_limit_gets_no_100_continue_and_its_413_is_not_reset():
         assert answers.read() == b""  # the end, not a reset
 
 
-def test_a_request_that_asks_for_100_continue_gets_one():
-    """The loop sends it, and the request goes to a thread once its body has come: no second
-    100 Continue before the answer."""
+@pytest.mark.parametrize("behind", [b"", b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"])
+def test_a_request_that_asks_for_100_continue_gets_one(behind: bytes) -> None:
+    """The loop sends it (or the thread, for a request read with the one before it: pipelined),
+    and the request goes to a thread once its body has come: one 100 Continue, then the
+    answer."""
     body = b'{"username": "nobody", "password": "x"}'
     head = (
         b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n" % len(body)
     )
     with _one_connection() as sock:
-        sock.sendall(head)
-        answer = b""
-        while not answer.endswith(b"\r\n\r\n"):
-            chunk = sock.recv(1)
-            assert chunk, answer
-            answer += chunk
-        assert answer == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(behind + head)
+        answers = Answers(sock)
+        if behind:
+            assert answers.next_status() == 401  # the ping's, without a token
+        assert answers.reader.readline() + answers.reader.readline() == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
         sock.sendall(body)
-        rest = _read_until_closed(sock)
-    assert rest.startswith(b"HTTP/1.1 401 "), rest[:80]  # no such account
+        assert answers.until_closed() == [401]  # no such account
