@@ -352,13 +352,7 @@ def next_request_read(parser: Any) -> bool:
     when all of it has been read: the rest of a body still on its way is left to the loop, which
     waits for the socket. Raises what gunicorn's parser raises for a body it cannot read."""
     body = getattr(parser.mesg, "body", None)
-    if body is None:
-        return False
-    reader = body.reader
-    if isinstance(reader, LengthReader):
-        if reader.length > _buffered(parser.unreader):
-            return False
-    elif not (isinstance(reader, ChunkedReader) and _chunks_all_read(reader, parser)):
+    if body is None or not _body_buffered(parser):
         return False
     while body.read(8192):  # from the buffer alone: no read waits on the socket
         pass
@@ -368,6 +362,15 @@ def next_request_read(parser: Any) -> bool:
 def _past_empty_lines(data: bytes) -> bytes:
     """What follows the empty lines (CR, LF) `data` begins with: no request begins with them."""
     return data.lstrip(b"\r\n")
+
+
+def _body_buffered(parser: Any) -> bool:
+    """Whether the rest of the body of the request `parser` read last is in its buffer. Raises
+    what gunicorn's parser raises for a malformed chunked body (`_chunks_all_read`)."""
+    reader = parser.mesg.body.reader
+    if isinstance(reader, LengthReader):
+        return bool(reader.length <= _buffered(parser.unreader))
+    return isinstance(reader, ChunkedReader) and _chunks_all_read(reader, parser)
 
 
 def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
@@ -381,14 +384,8 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
         return True
     if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
         return False
-    return _chunked_in_full(parser.unreader.buf.getvalue(), parser.mesg.parse_headers)
-
-
-def _chunked_in_full(data: bytes, parse_headers: Any) -> bool:
-    """Whether `data` holds a whole chunked body from its start (its trailers given to
-    `parse_headers`); raises what gunicorn's parser raises for a malformed one."""
-    copy = _Copy(data)
-    body = ChunkedReader(SimpleNamespace(parse_headers=parse_headers), copy)
+    copy = _Copy(parser.unreader.buf.getvalue())
+    body = ChunkedReader(SimpleNamespace(parse_headers=parser.mesg.parse_headers), copy)
     try:
         while body.read(8192):
             pass
@@ -423,8 +420,8 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
     a body sent in pieces); else 0.
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
-    Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is: gunicorn's
-    parser refuses it, or takes it, as it always has."""
+    Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
+    Transfer-Encoding does: gunicorn's parser refuses it, or takes it, as it always has."""
     rest = _past_empty_lines(data)
     if not rest:
         return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
@@ -478,23 +475,18 @@ class _Copy(Unreader):  # type: ignore[misc]
         return data
 
 
-def _body_read_with(req: Any, parser: Any) -> bool:
-    """Whether all of the request's body was read with its head (it is in the parser's buffer)."""
-    reader = req.body.reader
-    if isinstance(reader, LengthReader):
-        return bool(reader.length <= _buffered(parser.unreader))
-    if isinstance(reader, ChunkedReader):
-        try:
-            return _chunks_all_read(reader, parser)
-        except (http_errors.ParseException, OSError):
-            return False
-    return False
-
-
 def _not_a_request(data: bytes) -> bytes:
     """The 400 to bytes that begin no HTTP request (Arrival.INVALID)."""
     line = _past_empty_lines(data)[:40].decode("latin1")
     return error_answer(http_errors.InvalidRequestLine(line), "HTTP/1.1 400 Bad Request")
+
+
+def _continue(conn: Any) -> None:
+    """Send the 100 Continue the request under way asks for (`_Conn.continued`); a small write,
+    whether the socket blocks (a thread's) or not (the loop's)."""
+    conn.continued = True
+    with contextlib.suppress(OSError):
+        conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 def _timed_out() -> bytes:
@@ -632,9 +624,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         if verdict == Arrival.WAIT:
             conn.early, conn.complete_at = buffered, complete_at
             if expect:  # its client waits for it before the body
-                conn.continued = True
-                with contextlib.suppress(OSError):
-                    util.write(conn.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
+                _continue(conn)
             return True
         with contextlib.suppress(OSError):
             util.write(conn.sock, _not_a_request(buffered))
@@ -648,9 +638,16 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         # its answer; not again after the loop's; not for a body the app will refuse unread.
         continued, conn.continued = conn.continued, False
         expect = req.version < (1, 1) or continued
-        if self._gathers and not _body_read_with(req, conn.parser):
-            # Longer than the loop reads (`arrival`): the app refuses it (413) without reading
-            # it, and the connection closes after the answer, lingering for what is still sent.
+        read = True  # all of its body read with its head (a malformed one: never)
+        if self._gathers:
+            try:
+                read = _body_buffered(conn.parser)
+            except (http_errors.ParseException, OSError):
+                read = False
+        if not read:
+            # Longer than the loop reads, or chunked (`arrival`): the app answers without
+            # reading it (413, 411, or the grab's and ping's own answer), and the connection
+            # closes after the answer, lingering for what is still sent.
             req.must_close = conn.linger = expect = True
         if expect:
             req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
@@ -840,9 +837,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if kept:  # the deadline of a request under way, from its first byte
                 self._wait(conn, READ_TIMEOUT)
             if expect and not conn.continued:  # the client waits for it before its body
-                conn.continued = True
-                with contextlib.suppress(OSError):
-                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                _continue(conn)
         elif verdict == Arrival.INVALID:
             with contextlib.suppress(OSError):
                 conn.sock.send(_not_a_request(conn.early))
