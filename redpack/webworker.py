@@ -75,6 +75,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent import futures
 from functools import cached_property, partial
+from http import HTTPStatus
 from multiprocessing.sharedctypes import RawArray, RawValue
 from types import SimpleNamespace
 from typing import Any
@@ -114,9 +115,10 @@ READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 EMPTY_LINE_BYTES = 64
 # A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
 # which hands it to a thread only once it is there in full (`arrival`): a head longer than this
-# without its end goes to a thread as it is, for gunicorn's limits to refuse.
+# without its end is refused from the loop (431), and so is a request line (400, as gunicorn's
+# own limit on it, 4094, refuses a shorter one).
 HEAD_BYTES = 64 * 1024
-LINE_BYTES = 8 * 1024  # likewise, a request line without its end (gunicorn's limit: 4094)
+LINE_BYTES = 8 * 1024
 # After an answer that closes a connection whose client may still be sending (a body the app
 # refused unread, a request that did not arrive in time), the worker stops writing and reads and
 # drops what comes for at most this long before it closes: closed with unread bytes, the kernel
@@ -287,6 +289,7 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
 
     try:
         status = int(status_line.split(" ", 2)[1])
+        status_line = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"  # gunicorn: 501 Bad Request
     except (IndexError, ValueError):
         status_line, status = "HTTP/1.1 400 Bad Request", 400
     field = None
@@ -304,6 +307,36 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin1") + body
+
+
+class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
+    """A head gunicorn took that RFC 9112 has a server refuse (`refused_head`), saying why."""
+
+    def __init__(self, hdr: str, why: str) -> None:
+        super().__init__(hdr)
+        self.why = why
+
+    def __str__(self) -> str:
+        return self.why
+
+
+def refused_head(req: Any) -> Refused | None:
+    """Why the head of `req`, which gunicorn's parser took, is refused, if it is (RFC 9112):
+    an HTTP/1.1 request without a Host, or one with more than one (3.2); a Transfer-Encoding
+    whose last coding is not chunked, so that where its body ends cannot be known (6.3:
+    gunicorn took `gzip` alone as no body, and what followed as the next request)."""
+    hosts = sum(1 for name, _ in req.headers if name == "HOST")
+    if hosts > 1 or (hosts == 0 and req.version >= (1, 1)):
+        return Refused("HOST", "an HTTP/1.1 request names its host in one Host header")
+    codings = [
+        coding.strip().lower()
+        for name, value in req.headers
+        if name == "TRANSFER-ENCODING"
+        for coding in value.split(",")
+    ]
+    if codings and codings[-1] != "chunked":
+        return Refused("TRANSFER-ENCODING", "a request's body is chunked last, or has a length")
+    return None
 
 
 class _Arriving:
@@ -401,12 +434,19 @@ class Arrival:
 
     WAIT = "wait"  # not all there yet: the connection stays in the loop
     READY = "ready"  # in full, or for gunicorn's parser to refuse: to a thread
-    INVALID = "invalid"  # no HTTP request line: refused from the loop, 400
+    INVALID = "invalid"  # no HTTP request, or a head too long: refused from the loop (`refusal`)
 
 
 # A request line is visible ASCII and spaces, ended by CRLF: a control byte (a bare LF, NUL, a TLS
 # ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head.
 _NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request_line(rest: bytes) -> tuple[bytes, int]:
+    """The request line `rest` begins with, as far as it has come (at most LINE_BYTES), and where
+    it ends (-1: not yet)."""
+    line_end = rest.find(b"\r\n", 0, LINE_BYTES)
+    return (rest[:line_end] if line_end >= 0 else rest[:LINE_BYTES].removesuffix(b"\r")), line_end
 
 
 def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
@@ -421,19 +461,20 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
     Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
-    Transfer-Encoding does: gunicorn's parser refuses it, or takes it, as it always has."""
+    Transfer-Encoding does: gunicorn's parser refuses it, or takes it and `refused_head` may.
+    Bytes that begin no request, a request line past LINE_BYTES and a head past HEAD_BYTES are
+    INVALID (`refusal`)."""
     rest = _past_empty_lines(data)
     if not rest:
         return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
-    line_end = rest.find(b"\r\n", 0, LINE_BYTES)
-    line = rest[:line_end] if line_end >= 0 else rest[:LINE_BYTES].removesuffix(b"\r")
+    line, line_end = _request_line(rest)
     if _NOT_A_REQUEST_LINE.search(line):
         return Arrival.INVALID, False, 0
     if line_end < 0:
-        return (Arrival.READY if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0
-    head_end = rest.find(b"\r\n\r\n")
+        return (Arrival.INVALID if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0
+    head_end = rest.find(b"\r\n\r\n", 0, HEAD_BYTES)
     if head_end < 0:
-        return (Arrival.READY if len(rest) > HEAD_BYTES else Arrival.WAIT), False, 0
+        return (Arrival.INVALID if len(rest) >= HEAD_BYTES else Arrival.WAIT), False, 0
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
     chunked = expect = False
@@ -475,10 +516,17 @@ class _Copy(Unreader):  # type: ignore[misc]
         return data
 
 
-def _not_a_request(data: bytes) -> bytes:
-    """The 400 to bytes that begin no HTTP request (Arrival.INVALID)."""
-    line = _past_empty_lines(data)[:40].decode("latin1")
-    return error_answer(http_errors.InvalidRequestLine(line), "HTTP/1.1 400 Bad Request")
+def refusal(data: bytes) -> http_errors.ParseException:
+    """Why the loop refuses the request whose bytes so far are `data` (Arrival.INVALID), as
+    gunicorn's parser would say it (`handle_error` answers it): bytes that begin no HTTP request,
+    a request line longer than LINE_BYTES, or a head longer than HEAD_BYTES."""
+    rest = _past_empty_lines(data)
+    line, line_end = _request_line(rest)
+    if _NOT_A_REQUEST_LINE.search(line):
+        return http_errors.InvalidRequestLine(rest[:40].decode("latin1"))
+    if line_end < 0:
+        return http_errors.LimitRequestLine(len(rest), LINE_BYTES)
+    return http_errors.LimitRequestHeaders(f"the request's head is longer than {HEAD_BYTES} bytes")
 
 
 def _continue(conn: Any) -> None:
@@ -538,6 +586,11 @@ class _Deadlines:
     def add(self, deadline: float, conn: Any) -> None:
         with self._lock:
             heapq.heappush(self._heap, (deadline, next(self._order), conn, conn.waits))
+
+    def first(self) -> float | None:
+        """The earliest deadline held (perhaps of a connection that has moved on since)."""
+        with self._lock:
+            return self._heap[0][0] if self._heap else None
 
     def past(self, now: float) -> Iterator[Any]:
         """Take out, and yield, the connections whose deadline is past and who still wait."""
@@ -626,13 +679,19 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect:  # its client waits for it before the body
                 _continue(conn)
             return True
-        with contextlib.suppress(OSError):
-            util.write(conn.sock, _not_a_request(buffered))
+        self.handle_error(None, conn.sock, conn.client, refusal(buffered))
         conn.linger = True
         return False
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
+        refused = refused_head(req)
+        if refused is not None:  # answered 400 (gthread's handle: handle_error), then closed
+            conn.linger = self._gathers
+            raise refused
+        # A later HTTP/1.x is answered as the 1.1 this server speaks (RFC 9110 2.5), where
+        # gunicorn echoed the request's version in its status line.
+        req.version = min(req.version, (1, 1))
         # gunicorn sends 100 Continue to a request that asks for it, before the app runs; not to
         # an HTTP/1.0 client, which knows none (RFC 9110 10.1.1: ignored) and could take it for
         # its answer; not again after the loop's; not for a body the app will refuse unread.
@@ -839,8 +898,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect and not conn.continued:  # the client waits for it before its body
                 _continue(conn)
         elif verdict == Arrival.INVALID:
-            with contextlib.suppress(OSError):
-                conn.sock.send(_not_a_request(conn.early))
+            self.handle_error(None, conn.sock, conn.client, refusal(conn.early))
             self._linger(conn)
         else:
             conn.waits += 1  # no longer waiting in the loop
@@ -877,6 +935,14 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self._linger(conn)
             else:
                 self._drop(conn)
+
+    def _poll_seconds(self) -> float:
+        """How long the loop waits for its sockets: until the next deadline of a connection
+        waiting in it, at most a second (IDLE_POLL_SECONDS while it does not poll the listening
+        socket). One set by a thread during the wait may be passed by up to that much."""
+        wait = 1.0 if self._listening else IDLE_POLL_SECONDS
+        first = self._waits.first()
+        return wait if first is None else min(wait, max(first - clock(), 0.0))
 
     def _drop(self, conn: Any) -> None:
         """Close a connection the loop holds."""
@@ -978,7 +1044,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self._ready_to_accept(room)
                 self._forget_silent()
                 self._listen(room and may_accept(self._holds(), self._others(), ACCEPT_SLACK))
-                events = self.poller.select(1.0 if self._listening else IDLE_POLL_SECONDS)
+                events = self.poller.select(self._poll_seconds())
                 for key, _ in events:
                     key.data(key.fileobj)
                 if not self.is_parent_alive():

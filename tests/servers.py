@@ -273,8 +273,15 @@ def raw_request(
         sock.sendall(request)
         if end:
             sock.shutdown(socket.SHUT_WR)
-        answer = b""
-        with suppress(ConnectionResetError):  # closed with some of it unread
-            while chunk := sock.recv(65536):
-                answer += chunk
+        answer = read_until_closed(sock)
     return Answers(io.BufferedReader(io.BytesIO(answer))).next()  # type: ignore[arg-type]
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Every byte the server sends until it closes the connection (a reset, when it closed with
+    some of what was sent unread, ends it too)."""
+    answer = b""
+    with suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer

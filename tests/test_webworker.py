@@ -3,7 +3,9 @@ on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
 import errno
+import io
 import json
+import logging
 import resource
 import runpy
 import select
@@ -28,7 +30,16 @@ from gunicorn.http import errors as http_errors
 
 from redpack import webworker
 
-from .servers import ROOT, Answers, free_port, gunicorn, raw_request, service_env, wait_for
+from .servers import (
+    ROOT,
+    Answers,
+    free_port,
+    gunicorn,
+    raw_request,
+    read_until_closed,
+    service_env,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +93,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     the other workers holding `others`."""
     worker = webworker.BalancedThreadWorker.__new__(webworker.BalancedThreadWorker)
     worker.cfg, worker.slot, worker.nr_conns, worker.worker_connections = Config(), -1, 0, 10_000
-    worker.alive = True
+    worker.alive, worker.log = True, logging.getLogger("gunicorn.error")
     worker.poller, worker._lock = selectors.DefaultSelector(), threading.RLock()
     worker._pending, worker._pending_lock = set(), threading.Lock()
     worker._unread, worker._unread_since = set(), deque()
@@ -548,6 +559,57 @@ MALFORMED = [
 ]
 
 
+REFUSED_HEADS = [
+    # (request, status line, the field its answer names): RFC 9112 refusals gunicorn let pass
+    (b"GET /api/ping/ HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 Bad Request", "Host"),  # 3.2
+    (b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", b"HTTP/1.1 400 Bad Request", "Host"),
+    (  # 6.3: where the body ends cannot be known (gunicorn took it as none)
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "Transfer-Encoding",
+    ),
+    (  # a coding it does not know: 501, with its own reason (gunicorn's said Bad Request)
+        b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        b"HTTP/1.1 501 Not Implemented",
+        "Transfer-Encoding",
+    ),
+    (b"GET /" + b"a" * webworker.LINE_BYTES, b"HTTP/1.1 400 Bad Request", "request_line"),
+    (
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nX: " + b"a" * webworker.HEAD_BYTES,
+        b"HTTP/1.1 431 Request Header Fields Too Large",
+        "headers",
+    ),
+]
+
+
+def test_heads_a_server_must_refuse_are_refused_once_and_closed():
+    """Each is answered once, in JSON naming what was wrong, and its connection closed: not a
+    pipelined request behind it answered (a head without its end, the last two, is refused from
+    the loop as soon as it is too long: no thread waits for its end)."""
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
+        host, port = base.removeprefix("http://").split(":")
+        for request, status_line, field in REFUSED_HEADS:
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(request)
+                answer = read_until_closed(sock)
+            assert answer.startswith(status_line + b"\r\n"), (request[:70], answer[:70])
+            answers = Answers(io.BufferedReader(io.BytesIO(answer)))  # type: ignore[arg-type]
+            _, headers, body = answers.next()
+            assert headers["connection"] == "close"
+            assert list(json.loads(body)["error"]["fields"]) == [field], request[:70]
+            assert answers.until_closed() == []  # nothing more: the request behind it unread
+
+
+def test_a_later_http_1_minor_version_is_answered_as_http_1_1():
+    """RFC 9110 2.5: the server answers in the version it speaks (gunicorn echoed 1.2)."""
+    with gunicorn(workers=1, threads=1) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.2\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 ")
+
+
 def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
     with gunicorn(workers=1, threads=4) as base:
         for request, status, field in MALFORMED:
@@ -557,14 +619,6 @@ def test_a_request_gunicorn_refuses_is_answered_in_json_naming_what_was_wrong():
             assert error["code"] in {"bad_request", "request_headers_too_large"}
             assert list(error["fields"]) == [field], (request[:60], error)
             assert len(error["message"]) <= 200
-
-
-def _read_until_closed(sock: socket.socket) -> bytes:
-    answer = b""
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := sock.recv(65536):
-            answer += chunk
-    return answer
 
 
 STALLS = [
@@ -618,12 +672,12 @@ def test_a_request_that_does_not_come_in_time_is_answered_408_and_its_connection
                 for sock, start in zip(stalled, STALLS, strict=True):
                     sock.sendall(start)
                 for sock in stalled:
-                    answer = _read_until_closed(sock)
+                    answer = read_until_closed(sock)
                     head, _, body = answer.partition(b"\r\n\r\n")
                     assert head.startswith(b"HTTP/1.1 408 "), answer[:80]
                     assert b"\r\nConnection: close\r\n" in head + b"\r\n", head
                     assert json.loads(body)["error"]["code"] == "request_timeout"
-                assert _read_until_closed(silent) == b""
+                assert read_until_closed(silent) == b""
             finally:
                 for sock in stalled:
                     sock.close()
@@ -645,7 +699,7 @@ def test_a_client_that_sends_a_byte_now_and_then_loses_its_connection():
                 sent += 1
                 readable, _, _ = select.select([sock], [], [], 0.1)
                 if readable:
-                    assert _read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
+                    assert read_until_closed(sock).startswith(b"HTTP/1.1 408 ")
                     break
             assert sent < len(trickle), "the server waited for the whole trickle"
         status, _, _ = raw_request(
@@ -668,10 +722,10 @@ def test_a_body_cut_by_the_limit_closes_its_connection_after_the_answer():
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(head + start)
-            answer = _read_until_closed(sock)  # the server stops writing after its answer
+            answer = read_until_closed(sock)  # the server stops writing after its answer
             with contextlib.suppress(OSError):
                 sock.sendall(rest + later)
-            answer += _read_until_closed(sock)
+            answer += read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
     assert b"\r\nConnection: close\r\n" in answer.partition(b"\r\n\r\n")[0], answer[:300]
     assert answer.count(b"HTTP/1.1 ") == 1, answer
@@ -913,7 +967,9 @@ WAIT, READY, INVALID = webworker.Arrival.WAIT, webworker.Arrival.READY, webworke
         (b"GET / HTTP/1.1\nHost: x\n\n", INVALID, False),  # bare LF
         (b"\x16\x03\x01\x02\x00\x01\x00", INVALID, False),  # a TLS ClientHello
         (b"GET /\x00 HTTP/1.1\r\n\r\n", INVALID, False),
-        (b"GET /" + b"a" * (webworker.HEAD_BYTES + 1), READY, False),  # for gunicorn's limit
+        (b"GET /" + b"a" * webworker.LINE_BYTES, INVALID, False),  # a request line too long
+        (GRAB_HEAD + b"X: " + b"a" * webworker.HEAD_BYTES, INVALID, False),  # a head too long
+        (GRAB_HEAD + b"X: " + b"a" * (webworker.HEAD_BYTES - 100) + b"\r\n\r\n", READY, False),
     ],
 )
 def test_the_loop_hands_a_request_over_once_it_has_come(
@@ -982,3 +1038,16 @@ def test_a_request_that_asks_for_100_continue_gets_one(behind: bytes) -> None:
         )
         sock.sendall(body)
         assert answers.until_closed() == [401]  # no such account
+
+
+def test_the_loop_wakes_for_the_next_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection's deadline is kept on time, not up to the loop's one-second poll late."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    worker._listening = True
+    monkeypatch.setattr(webworker, "clock", lambda: 100.0)
+    assert worker._poll_seconds() == 1.0  # nothing waits
+    worker._wait(SimpleNamespace(waits=0), 0.25)
+    assert worker._poll_seconds() == 0.25
+    monkeypatch.setattr(webworker, "clock", lambda: 101.0)
+    assert worker._poll_seconds() == 0.0  # past: at once
+    worker.poller.close()
