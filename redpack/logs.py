@@ -77,6 +77,18 @@ class OneLinePerContendedGrab(logging.Filter):
         return getattr(record, "status_code", None) != 409
 
 
+class ClientFaultAsWarning(logging.Filter):
+    """On django.security.DisallowedHost, which Django logs at ERROR with a traceback: a request
+    naming a host this server does not serve is the client's fault, answered 400 like any other
+    bad request (redpack/api/handlers.py), and a scanner sends thousands. One WARNING line each,
+    as django.request logs other 4xx answers, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """{"ts": ..., "level": ..., "logger": ..., "message": ..., "event": ..., <extra>...}."""
 

@@ -455,7 +455,10 @@ LOGGING = {
         "json": {"()": "redpack.logs.JsonFormatter"},
         "plain": {"()": "redpack.logs.PlainFormatter"},
     },
-    "filters": {"one_line_per_contended_grab": {"()": "redpack.logs.OneLinePerContendedGrab"}},
+    "filters": {
+        "one_line_per_contended_grab": {"()": "redpack.logs.OneLinePerContendedGrab"},
+        "client_fault_as_warning": {"()": "redpack.logs.ClientFaultAsWarning"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
         **(
@@ -479,6 +482,7 @@ LOGGING = {
             for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
         },
         "django.request": {"filters": ["one_line_per_contended_grab"]},
+        "django.security.DisallowedHost": {"filters": ["client_fault_as_warning"]},
         "redpack.persist.failures": {
             "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],
         },

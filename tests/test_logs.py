@@ -114,6 +114,19 @@ def test_a_contended_grab_answered_over_http_is_one_line(
     assert missing.levelno == logging.WARNING and missing.status_code == 404  # type: ignore[attr-defined]
 
 
+def test_a_host_not_served_is_one_warning_line_without_a_traceback(client, caplog):  # type: ignore[no-untyped-def]
+    """Django logs it at ERROR with a traceback; it is the client's fault, answered 400, and a
+    scanner sends thousands."""
+    caplog.set_level(logging.INFO)
+    answer = client.get("/api/ping/", HTTP_HOST="evil.example")
+    assert answer.status_code == 400
+    (refused,) = [r for r in caplog.records if r.name == "django.security.DisallowedHost"]
+    assert (refused.levelno, refused.levelname) == (logging.WARNING, "WARNING")
+    assert refused.exc_info is None and "evil.example" in refused.getMessage()
+    line = json.loads(JsonFormatter().format(refused))
+    assert line["level"] == "WARNING" and "exc" not in line
+
+
 @pytest.mark.django_db
 def test_a_shed_grab_is_one_line_too(dummies, client, sender, make_users, caplog):  # type: ignore[no-untyped-def]
     """The activity's line in this process is full (none here): the 409 `shed` is said by its
