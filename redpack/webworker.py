@@ -722,6 +722,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - gunicorn's own page rather than no answer
             self.log.exception("Could not answer a refused request in JSON")
             answer = kept.data
+        if getattr(req or getattr(exc, "req", None), "method", None) == "HEAD":
+            # Its status and headers alone (RFC 9110 9.3.2), as the app answers HEAD.
+            answer = answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
         try:
             util.write_nonblock(client, answer)
         except Exception:  # noqa: BLE001 - as gunicorn: the client may be gone

@@ -601,6 +601,19 @@ def test_heads_a_server_must_refuse_are_refused_once_and_closed():
             assert answers.until_closed() == []  # nothing more: the request behind it unread
 
 
+def test_a_refused_head_request_is_answered_without_a_body():
+    """Its status and headers, Content-Length included, and nothing after them: a client that
+    keeps its connection would read a body as the start of its next answer."""
+    with gunicorn(workers=1, threads=1) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+            answer = read_until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"Content-Length: " in head
+    assert body == b""
+
+
 def test_a_later_http_1_minor_version_is_answered_as_http_1_1():
     """RFC 9110 2.5: the server answers in the version it speaks (gunicorn echoed 1.2)."""
     with gunicorn(workers=1, threads=1) as base:
