@@ -115,9 +115,10 @@ READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 EMPTY_LINE_BYTES = 64
 # A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
 # which hands it to a thread only once it is there in full (`arrival`): a head longer than this
-# without its end is refused from the loop (431), and so is a request line (400, as gunicorn's
-# own limit on it, 4094, refuses a shorter one).
-HEAD_BYTES = 64 * 1024
+# without its end is refused from the loop (431; REDPACK_WEB_HEAD_BYTES, whatever gunicorn's own
+# header limits allow), and so is a request line (400, as gunicorn's own limit on it, 4094,
+# refuses a shorter one).
+HEAD_BYTES = int(os.environ.get("REDPACK_WEB_HEAD_BYTES", str(64 * 1024)))
 LINE_BYTES = 8 * 1024
 # After an answer that closes a connection whose client may still be sending (a body the app
 # refused unread, a request that did not arrive in time), the worker stops writing and reads and
@@ -289,9 +290,10 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
 
     try:
         status = int(status_line.split(" ", 2)[1])
-        status_line = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"  # gunicorn: 501 Bad Request
     except (IndexError, ValueError):
         status_line, status = "HTTP/1.1 400 Bad Request", 400
+    with contextlib.suppress(ValueError):  # gunicorn's own line for a status HTTPStatus lacks
+        status_line = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"  # gunicorn: 501 Bad Request
     field = None
     if status != 500:
         named = getattr(exc, "hdr", None) if isinstance(exc, http_errors.InvalidHeader) else None
@@ -335,7 +337,9 @@ def refused_head(req: Any) -> Refused | None:
         for coding in value.split(",")
     ]
     if codings and codings[-1] != "chunked":
-        return Refused("TRANSFER-ENCODING", "a request's body is chunked last, or has a length")
+        return Refused(
+            "TRANSFER-ENCODING", "a request's Transfer-Encoding ends with chunked (or it has none)"
+        )
     return None
 
 
@@ -529,6 +533,16 @@ def refusal(data: bytes) -> http_errors.ParseException:
     return http_errors.LimitRequestHeaders(f"the request's head is longer than {HEAD_BYTES} bytes")
 
 
+def _asks_head(data: bytes) -> bool:
+    """Whether the request whose bytes begin `data` is a HEAD: its answer has no body."""
+    return _past_empty_lines(data).startswith(b"HEAD ")
+
+
+def _without_body(answer: bytes) -> bytes:
+    """An answer's status line and headers alone (RFC 9110 9.3.2), for a HEAD request."""
+    return answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+
+
 def _continue(conn: Any) -> None:
     """Send the 100 Continue the request under way asks for (`_Conn.continued`); a small write,
     whether the socket blocks (a thread's) or not (the loop's)."""
@@ -639,6 +653,8 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         # handshake gthread makes in the thread that reads the first request.
         self._gathers = not self.cfg.is_ssl
         self._waits = _Deadlines()  # of the connections waiting in the loop
+        # Per thread: whether the request it answers began with HEAD (`handle_error`).
+        self._answering = threading.local()
 
     def handle(self, conn: Any) -> Any:
         """gthread's, with a limit on how long the request may take to arrive (READ_TIMEOUT,
@@ -647,6 +663,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         connection whose next request was read with this one (`next_request_read`) is served
         again at once (`finish_request`)."""
         conn.arriving.start()
+        self._answering.head = _asks_head(conn.early or conn.parser.unreader.buf.getvalue())
         if conn.early:  # what the loop read: the request, in full (`arrival`)
             conn.parser.unreader.unread(conn.early)
             conn.early = b""
@@ -679,6 +696,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect:  # its client waits for it before the body
                 _continue(conn)
             return True
+        self._answering.head = _asks_head(buffered)
         self.handle_error(None, conn.sock, conn.client, refusal(buffered))
         conn.linger = True
         return False
@@ -722,9 +740,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - gunicorn's own page rather than no answer
             self.log.exception("Could not answer a refused request in JSON")
             answer = kept.data
-        if getattr(req or getattr(exc, "req", None), "method", None) == "HEAD":
-            # Its status and headers alone (RFC 9110 9.3.2), as the app answers HEAD.
-            answer = answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+        # A HEAD gets the status and headers alone, as the app answers it: known from the
+        # request, or, when the parser refused it before there was one, from its first bytes.
+        parsed = getattr(req or getattr(exc, "req", None), "method", None)
+        if parsed == "HEAD" or (parsed is None and getattr(self._answering, "head", False)):
+            answer = _without_body(answer)
         try:
             util.write_nonblock(client, answer)
         except Exception:  # noqa: BLE001 - as gunicorn: the client may be gone
@@ -901,6 +921,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect and not conn.continued:  # the client waits for it before its body
                 _continue(conn)
         elif verdict == Arrival.INVALID:
+            self._answering.head = _asks_head(conn.early)
             self.handle_error(None, conn.sock, conn.client, refusal(conn.early))
             self._linger(conn)
         else:
@@ -933,8 +954,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         connection that never sent a byte open for ever)."""
         for conn in self._waits.past(clock()):
             if not conn.linger and _past_empty_lines(conn.early):
+                answer = _timed_out()
                 with contextlib.suppress(OSError):
-                    conn.sock.send(_timed_out())
+                    conn.sock.send(_without_body(answer) if _asks_head(conn.early) else answer)
                 self._linger(conn)
             else:
                 self._drop(conn)

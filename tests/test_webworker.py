@@ -99,6 +99,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker._unread, worker._unread_since = set(), deque()
     worker._no_room_until = None
     worker._waits, worker._gathers = webworker._Deadlines(), True
+    worker._answering = threading.local()
     monkeypatch.setattr(worker, "_others", lambda: others)
     return worker
 
@@ -601,17 +602,29 @@ def test_heads_a_server_must_refuse_are_refused_once_and_closed():
             assert answers.until_closed() == []  # nothing more: the request behind it unread
 
 
+REFUSED_HEAD_REQUESTS = [
+    # (request, status): refused by gunicorn's parser with the request (a bad Content-Length)
+    # and without one (too many headers), by the loop (a head too long), and timed out (408)
+    (b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+    (b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\n" + b"X-N: a\r\n" * 120 + b"\r\n", 431),
+    (b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\nX: " + b"a" * webworker.HEAD_BYTES, 431),
+    (b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\n", 408),
+]
+
+
 def test_a_refused_head_request_is_answered_without_a_body():
     """Its status and headers, Content-Length included, and nothing after them: a client that
     keeps its connection would read a body as the start of its next answer."""
-    with gunicorn(workers=1, threads=1) as base:
+    with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="1") as base:
         host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(b"HEAD /api/ping/ HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
-            answer = read_until_closed(sock)
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400 ") and b"Content-Length: " in head
-    assert body == b""
+        for request, status in REFUSED_HEAD_REQUESTS:
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(request)
+                answer = read_until_closed(sock)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 %d " % status), (request[:60], head)
+            assert b"Content-Length: " in head
+            assert body == b"", request[:60]
 
 
 def test_a_later_http_1_minor_version_is_answered_as_http_1_1():
