@@ -696,10 +696,15 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect:  # its client waits for it before the body
                 _continue(conn)
             return True
-        self._answering.head = _asks_head(buffered)
-        self.handle_error(None, conn.sock, conn.client, refusal(buffered))
+        self._refuse(conn, buffered)
         conn.linger = True
         return False
+
+    def _refuse(self, conn: Any, data: bytes) -> None:
+        """Answer the request whose bytes so far are `data`, which the loop refuses
+        (Arrival.INVALID), as gunicorn answers a request its parser refuses (`handle_error`)."""
+        self._answering.head = _asks_head(data)
+        self.handle_error(None, conn.sock, conn.client, refusal(data))
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         conn.arriving.request = req  # a body cut short closes the connection after its answer
@@ -921,8 +926,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             if expect and not conn.continued:  # the client waits for it before its body
                 _continue(conn)
         elif verdict == Arrival.INVALID:
-            self._answering.head = _asks_head(conn.early)
-            self.handle_error(None, conn.sock, conn.client, refusal(conn.early))
+            self._refuse(conn, conn.early)
             self._linger(conn)
         else:
             conn.waits += 1  # no longer waiting in the loop
