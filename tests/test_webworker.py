@@ -99,7 +99,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker._unread, worker._unread_since = set(), deque()
     worker._no_room_until = None
     worker._waits, worker._gathers = webworker._Deadlines(), True
-    worker._answering = threading.local()
+    worker._answering, worker._keep = threading.local(), deque()
     monkeypatch.setattr(worker, "_others", lambda: others)
     return worker
 
@@ -1077,3 +1077,49 @@ def test_the_loop_wakes_for_the_next_deadline(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(webworker, "clock", lambda: 101.0)
     assert worker._poll_seconds() == 0.0  # past: at once
     worker.poller.close()
+
+
+def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass of the loop that outlasts READ_TIMEOUT ends with the deadlines of the connections
+    it accepted at its start. One whose request is whole in its socket goes to a thread (it was
+    closed unread, reset, its client never answered); one with the start of a request gets the
+    408; one that sent nothing is closed."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    handed: list[Any] = []
+    monkeypatch.setattr(worker, "enqueue_req", handed.append)
+    now = [100.0]
+    monkeypatch.setattr(webworker, "clock", lambda: now[0])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    whole, begun, silent = (
+        socket.create_connection(listener.getsockname(), timeout=10) for _ in range(3)
+    )
+    try:
+        wait_for(lambda: _waiting(listener) == 3, "the 3 connections in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == 3
+        whole.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
+        begun.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: red")
+        accepted = {conn.sock.getpeername(): conn for conn in worker._unread}
+        for client in (whole, begun):
+            server_side = accepted[client.getsockname()].sock
+            wait_for(lambda s=server_side: webworker._request_waiting(s), "the bytes sent")
+        assert webworker.READ_TIMEOUT is not None
+        now[0] += webworker.READ_TIMEOUT + 1  # no poll in between: nothing read yet
+        worker._expire_waits()
+
+        assert [conn.sock.getpeername() for conn in handed] == [whole.getsockname()]
+        assert handed[0].early == b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n"
+        assert read_until_closed(begun).startswith(b"HTTP/1.1 408 ")
+        assert read_until_closed(silent) == b""
+        assert worker.nr_conns == 2  # the whole one's, and the lingering 408
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for conn in handed:
+            conn.sock.close()
+        for client in (whole, begun, silent):
+            client.close()
+        listener.close()
