@@ -987,7 +987,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         the end of that pass, before the next poll has shown it readable. Closed unread, the
         kernel reset it and its client never heard back (hot bursts on a slow machine: up to
         689 of 10,000 requests lost)."""
-        if not _request_waiting(conn.sock):
+        # Not yet in the poller: a thread that gave the connection back to the loop set its
+        # deadline first and has not registered it yet; its readable event is to come.
+        sock = conn.sock
+        if sock.fileno() == -1 or sock not in self.poller.get_map() or not _request_waiting(sock):
             return False
         waits = conn.waits
         self.on_client_socket_readable(conn, conn.sock)
@@ -1005,8 +1008,12 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         """Close a connection the loop holds."""
         conn.waits += 1
         with self._lock:
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self.poller.unregister(conn.sock)
+            # A socket a thread closed already (gunicorn closes one whose answer failed midway)
+            # is in no poller: a thread held it. Asked to unregister it, the selector would look
+            # for it through its whole map, which the loop changes without this lock.
+            if conn.sock.fileno() != -1:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self.poller.unregister(conn.sock)
             with contextlib.suppress(ValueError):
                 self._keep.remove(conn)
         self.nr_conns -= 1

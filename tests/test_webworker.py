@@ -1123,3 +1123,29 @@ def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
         for client in (whole, begun, silent):
             client.close()
         listener.close()
+        worker.poller.close()
+
+
+def test_dropping_a_socket_a_thread_closed_does_not_search_the_poller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gunicorn closes a connection whose answer failed midway in its thread; the worker then
+    drops it. The selector would look for a closed socket through its whole map, which the loop
+    changes without the worker's lock (a 'dictionary changed size' error there left the
+    connection counted for ever). A socket a thread held is in no poller: it is not asked."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    server, client = socket.socketpair()
+    conn = SimpleNamespace(sock=server, waits=0, close=server.close)
+    worker.nr_conns = 1
+    server.close()
+
+    def searched(fileobj: Any) -> NoReturn:
+        raise AssertionError(f"asked to unregister {fileobj}")
+
+    monkeypatch.setattr(worker.poller, "unregister", searched)
+    try:
+        worker._drop(conn)
+        assert worker.nr_conns == 0 and conn.waits == 1
+    finally:
+        client.close()
+        worker.poller.close()
