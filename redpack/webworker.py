@@ -993,7 +993,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         if sock.fileno() == -1 or sock not in self.poller.get_map() or not _request_waiting(sock):
             return False
         waits = conn.waits
-        self.on_client_socket_readable(conn, conn.sock)
+        self.on_client_socket_readable(conn, sock)
         return conn.waits != waits
 
     def _poll_seconds(self) -> float:
