@@ -968,9 +968,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         connection that never sent a byte open for ever). What came before the deadline counts,
         read now if the loop has not read it yet (`_read_what_came`)."""
         for conn in self._waits.past(clock()):
-            if not conn.linger and self._read_what_came(conn):
+            if conn.linger:
+                self._drop(conn)
+            elif self._read_what_came(conn):
                 continue
-            if not conn.linger and _past_empty_lines(conn.early):
+            elif _past_empty_lines(conn.early):
                 answer = _timed_out()
                 with contextlib.suppress(OSError):
                     conn.sock.send(_without_body(answer) if _asks_head(conn.early) else answer)
