@@ -541,6 +541,7 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         run["causes"] = run.get("causes") or {}
         run["p99_budget_text"], run["p99_budget_over"] = report.shown_cell(run, "budget")
         run["rounds_text"], run["rounds_flagged"] = report.shown_cell(run.get("rounds"), "rounds")
+        run["pings_failed_text"], _ = report.shown_cell(run.get("pings_failed"), "pings_failed")
         steal = (run.get("steal_share"), run.get("steal_share_beside"))
         run["steal_text"], run["steal_apart"] = report.shown_cell(steal, "steal")
         for key, shown in (
@@ -549,5 +550,10 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         ):
             value = run.get(key)
             run[shown] = "–" if value is None else f"{100 * value:.1f}%"
-    repeated = any(key == "rounds" for key, _, _ in report.http_columns(runs))
-    return {"http_runs": runs, "buckets": buckets, "http_rounds": repeated}
+    shown = {key for key, _, _ in report.http_columns(runs)}
+    return {
+        "http_runs": runs,
+        "buckets": buckets,
+        "http_rounds": "rounds" in shown,
+        "http_pings_failed": "pings_failed" in shown,
+    }

@@ -160,6 +160,25 @@ def test_admin_report_lists_every_round_of_a_repeated_run(staff_client, tmp_path
     body = staff_client.get("/admin/redpack/activity/report/").content.decode()
     assert "rounds (the median kept)" in body
     assert "<strong>0.72; 0.80 audit FAILED</strong>" in body
+    assert "pings beside it without a 200" not in body  # every ping answered: no column
+
+
+def test_admin_report_shows_a_ping_beside_a_run_that_was_not_answered(
+    staff_client, tmp_path, monkeypatch
+):
+    lost = ["round 2: the ping burst before it: 37 without a 200"]
+    results = [
+        result_row("redis_queue", "HTTP hot (wrk)", requests=10_000, pings_failed=lost),
+        result_row("redis_counter", "HTTP hot (wrk)", requests=10_000),
+    ]
+    context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine()}
+    (tmp_path / "compare.json").write_text(
+        json.dumps({"context": context, "ceilings": [], "results": results})
+    )
+    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
+    body = staff_client.get("/admin/redpack/activity/report/").content.decode()
+    assert "pings beside it without a 200" in body
+    assert "<strong>round 2: the ping burst before it: 37 without a 200</strong>" in body
 
 
 @pytest.fixture

@@ -327,9 +327,13 @@ class Compare:
         ]
         for row in broken:
             self.log(f"AUDIT FAILED: {row['strategy']} {row['run']}: {row.get('violations')}")
+        # The same server lost or refused a no-op beside a run: every request must be answered.
+        lost = [r for r in self.results if r.get("pings_failed")]
+        for row in lost:
+            self.log(f"PINGS FAILED: {row['strategy']} {row['run']}: {row['pings_failed']}")
         if not books["ok"]:
             self.log(f"BOOKS FAILED: {books['violations']}")
-        return 1 if broken or not books["ok"] else 0
+        return 1 if broken or lost or not books["ok"] else 0
 
     def _credit_grabs(self) -> dict[str, Any]:
         """Credit every grab of the runs to its grabber's wallet (what the crediting task does
@@ -728,7 +732,7 @@ class Compare:
         )
         self._quiet()  # its connections closed before whatever comes next
         rate = float(ping["requests_per_s"]) if ping.get("requests_per_s") else None
-        return Beside(rate, ping["steal_share"])
+        return Beside(rate, ping["steal_share"], not_answered_200(ping))
 
     def _ping_burst_beside(self, name: str, when: str) -> "Beside":
         """The ping burst again (`_measure_web_burst`'s shape), just `before` or `after` a
@@ -748,7 +752,7 @@ class Compare:
             f" ({pongs} of {ping['requests']} answered 200; {_steal(ping)})"
         )
         self._quiet()
-        return Beside(_burst_rate(ping), ping["steal_share"])
+        return Beside(_burst_rate(ping), ping["steal_share"], not_answered_200(ping))
 
     def _wrk_ping_burst(self, log: str) -> dict[str, Any]:
         """The ping in the hot burst's shape: every hot user at once, one request each on a
@@ -931,7 +935,8 @@ def median_round(
     last), with every round's figures and answers by cause in `rounds` (in the order they
     ran) and `median_round` (its number, from 1). What every round must hold is taken from
     all of them: the audit passes only if it passed in every round (`violations` names the
-    round), and `oversold` and `duplicates` are the largest of any round. `start_burst`: the
+    round), `pings_failed` lists every round's, and `oversold` and `duplicates` are the
+    largest of any round. `start_burst`: the
     ping burst at the start, for a hot round without ping bursts beside it."""
     figures = [round_figure(row, start_burst) for row in rows]
     ranked = sorted(range(len(rows)), key=lambda i: (figures[i] is None, -(figures[i] or 0.0)))
@@ -957,6 +962,14 @@ def median_round(
         for index, row in enumerate(rows, 1)
         for violation in row.get("violations") or []
     ]
+    failed = [
+        f"round {index}: {ping}"
+        for index, row in enumerate(rows, 1)
+        for ping in row.get("pings_failed") or []
+    ]
+    kept.pop("pings_failed", None)
+    if failed:
+        kept["pings_failed"] = failed
     for key in ("oversold", "duplicates"):
         values = [row[key] for row in rows if row.get(key) is not None]
         if values:
@@ -972,7 +985,7 @@ def ping_bracket(before: "Beside", after: "Beside", row: dict[str, Any]) -> dict
     fields = _bracketed("ping", before, after)
     rate = row.get("requests_per_s")
     if "ping_beside_per_s" not in fields or not rate:
-        return {k: v for k, v in fields.items() if k == "steal_share_beside"}
+        return {k: v for k, v in fields.items() if k in ("steal_share_beside", "pings_failed")}
     fields["of_ping_beside"] = round(rate / fields["ping_beside_per_s"], 4)
     for when, ping in (("before", before), ("after", after)):
         if ping.rate is not None:
@@ -988,8 +1001,17 @@ def burst_bracket(before: "Beside", after: "Beside") -> dict[str, Any]:
 
 def _bracketed(name: str, before: "Beside", after: "Beside") -> dict[str, Any]:
     """`<name>_beside_per_s`, the mean rate of the pings that have one, `<name>_before_per_s`
-    and `<name>_after_per_s`, and `steal_share_beside`, the mean of their steal shares."""
+    and `<name>_after_per_s`, `steal_share_beside`, the mean of their steal shares, and
+    `pings_failed` when a ping had requests without a 200 (one line each)."""
     fields: dict[str, Any] = {}
+    label = name.replace("_", " ")
+    failed = [
+        f"the {label} {when} it: {ping.failed:,} without a 200"
+        for when, ping in (("before", before), ("after", after))
+        if ping.failed
+    ]
+    if failed:
+        fields["pings_failed"] = failed
     steals = [ping.steal_share for ping in (before, after) if ping.steal_share is not None]
     if steals:
         fields["steal_share_beside"] = round(sum(steals) / len(steals), 4)
@@ -1004,10 +1026,17 @@ def _bracketed(name: str, before: "Beside", after: "Beside") -> dict[str, Any]:
 
 class Beside(NamedTuple):
     """A ping measured just before (or after) a strategy's HTTP run: its rate (None when it
-    cannot bound the run) and the machine's steal share over it."""
+    cannot bound the run), the machine's steal share over it, and its requests that got no
+    200 (`failed`: a no-op the server lost or refused, which fails the comparison)."""
 
     rate: float | None
     steal_share: float | None
+    failed: int = 0
+
+
+def not_answered_200(summary: dict[str, Any]) -> int:
+    """A ping's requests (those cut off by a timed run's stop aside) without a 200 answer."""
+    return max(0, (summary.get("requests") or 0) - summary["statuses"].get("200", 0))
 
 
 def _steal(summary: dict[str, Any]) -> str:

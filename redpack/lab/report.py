@@ -81,6 +81,7 @@ HTTP_COLUMNS: list[tuple[str, str, str]] = [
     ("generator_cpu_share", "generator CPU", "generator"),
     ("steal_share", "steal (ping beside)", "steal"),
     ("rounds", "rounds (the median kept)", "rounds"),
+    ("pings_failed", "pings beside it without a 200", "pings_failed"),
 ]
 # A run whose steal differs from the ping's beside it by this much (a share of the machine) or
 # more is marked: its ratio to that ping is the neighbours' as much as the software's.
@@ -121,6 +122,8 @@ def cell(value: Any, fmt: str) -> str:
         return beside_cell(value)
     if fmt == "rounds":
         return rounds_cell(value)
+    if fmt == "pings_failed":
+        return "; ".join(f"**{line}**" for line in value)
     if fmt == "kind":
         return str(value).split(":")[0]  # "MySQL: hot-row UPDATE …" -> "MySQL"
     return format(value, fmt)
@@ -202,9 +205,10 @@ def rounds_cell(rounds: Sequence[dict[str, Any]]) -> str:
 
 
 def http_columns(results: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """HTTP_COLUMNS, with `rounds` only when some run was repeated."""
-    repeated = any(r.get("rounds") for r in results)
-    return [c for c in HTTP_COLUMNS if c[0] != "rounds" or repeated]
+    """HTTP_COLUMNS, with `rounds` only when some run was repeated and `pings_failed` only
+    when some ping beside a run had a request without a 200."""
+    shown = {key for key in ("rounds", "pings_failed") if any(r.get(key) for r in results)}
+    return [c for c in HTTP_COLUMNS if c[0] not in ("rounds", "pings_failed") or c[0] in shown]
 
 
 def steal_cell(run: float | None, beside: float | None) -> str:
@@ -460,6 +464,10 @@ How to read it:
   What must hold in every round is taken from all of them: the audit passes only if it passed
   in each, and **oversold** and duplicates are the largest of any round; the other columns are
   the kept round's.
+- **pings beside it without a 200** (shown only when there are some): a ping or ping burst
+  measured beside a run whose requests did not all get a 200, each with its count (every round's,
+  when repeated): the server lost or refused a no-op, so the comparison fails (its exit status
+  is 1), whatever the strategies' audits say.
 """
 
 

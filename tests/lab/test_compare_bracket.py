@@ -1,7 +1,7 @@
 """The pings on either side of a run: a many-packets run's share of them (compare.ping_bracket),
 a hot burst's budget from the ping bursts (compare.burst_bracket)."""
 
-from redpack.lab.compare import Beside, burst_bracket, ping_bracket
+from redpack.lab.compare import Beside, burst_bracket, not_answered_200, ping_bracket
 
 
 def test_the_share_is_of_the_mean_with_each_side_beside_it() -> None:
@@ -43,3 +43,19 @@ def test_a_hot_burst_reads_the_mean_of_the_ping_bursts_that_were_answered_in_ful
     # A burst not answered in full (or generator-bound) has no rate: the other one counts.
     assert burst_bracket(Beside(None, 0.0), Beside(700.0, 0.0))["ping_burst_beside_per_s"] == 700
     assert "ping_burst_beside_per_s" not in burst_bracket(Beside(None, 0.0), Beside(None, 0.0))
+
+
+def test_a_ping_beside_a_run_without_a_200_for_every_request_is_recorded_by_side() -> None:
+    lossy = {"requests": 10_000, "statuses": {"200": 9_963}}
+    assert not_answered_200(lossy) == 37
+    assert not_answered_200({"requests": 10_000, "statuses": {"200": 10_000}}) == 0
+    assert not_answered_200({"requests": 900, "statuses": {"200": 880, "503": 20}}) == 20
+
+    fields = burst_bracket(Beside(None, 0.0, 37), Beside(700.0, 0.0))
+
+    assert fields["pings_failed"] == ["the ping burst before it: 37 without a 200"]
+    assert fields["ping_burst_beside_per_s"] == 700  # the budget still has a ping burst
+    assert "pings_failed" not in burst_bracket(Beside(800.0, 0.0), Beside(700.0, 0.0))
+    # A many-packets run keeps its pings' losses even when neither ping gives a share.
+    lost = ping_bracket(Beside(None, None), Beside(None, None, 2), {"requests_per_s": 900.0})
+    assert lost == {"pings_failed": ["the ping after it: 2 without a 200"]}

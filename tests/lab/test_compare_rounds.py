@@ -148,3 +148,20 @@ def test_compare_refuses_fewer_than_one_round() -> None:
         CompareConfig(rounds=0)
     with pytest.raises(CommandError, match="--rounds must be 1 or more, not 0"):
         call_command("compare", "--rounds", "0", "--skip-http", "--skip-bench")
+
+
+def test_a_ping_without_a_200_in_any_round_stays_with_the_kept_row_and_in_the_report() -> None:
+    lossy = ["the ping burst before it: 37 without a 200"]
+    rows = [hot(20_000.0, 500.0, pings_failed=lossy), hot(15_000.0, 500.0), hot(17_000.0, 500.0)]
+
+    kept = median_round(rows)
+
+    assert kept["median_round"] == 3
+    assert kept["pings_failed"] == ["round 1: the ping burst before it: 37 without a 200"]
+    assert "pings_failed" not in median_round(rows[1:])
+    keys = [key for key, _, _ in report.http_columns([kept])]
+    assert "pings_failed" in keys
+    assert "pings_failed" not in [key for key, _, _ in report.http_columns(rows[1:])]
+    assert report.cell(kept["pings_failed"], "pings_failed") == (
+        "**round 1: the ping burst before it: 37 without a 200**"
+    )
