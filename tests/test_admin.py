@@ -112,6 +112,18 @@ def result_row(strategy: str, run: str, **figures: object) -> dict:
     return {"strategy": strategy, "run": run, "safe": True, "audit_ok": True, **figures}
 
 
+def this_machines_report(  # type: ignore[no-untyped-def]
+    staff_client, tmp_path, monkeypatch, results: list[dict], **context: object
+) -> str:
+    """The admin's report page over `results`, as this machine's latest comparison."""
+    context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine(), **context}
+    (tmp_path / "compare.json").write_text(
+        json.dumps({"context": context, "ceilings": [], "results": results})
+    )
+    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
+    return staff_client.get("/admin/redpack/activity/report/").content.decode()
+
+
 def test_admin_report_of_this_machine_recommends_from_its_figures(
     staff_client, tmp_path, monkeypatch
 ):
@@ -124,13 +136,7 @@ def test_admin_report_of_this_machine_recommends_from_its_figures(
         result_row("optimistic", "bench throughput", grabs_per_s=50.0),
         result_row("group_commit", "bench throughput", grabs_per_s=400.0),
     ]
-    context = {"finished_at": "2026-11-20 10:00 UTC", "commit": "abc1234"}
-    context["machine"] = report.this_machine()
-    (tmp_path / "compare.json").write_text(
-        json.dumps({"context": context, "ceilings": [], "results": results})
-    )
-    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
-    body = staff_client.get("/admin/redpack/activity/report/").content.decode()
+    body = this_machines_report(staff_client, tmp_path, monkeypatch, results, commit="abc1234")
     assert "This machine's latest" in body and "abc1234" in body
     assert "2026-11-20 10:00 UTC" in body and report.this_machine()["host"] in body
     assert "No comparison has run" not in body
@@ -152,12 +158,7 @@ def test_admin_report_lists_every_round_of_a_repeated_run(staff_client, tmp_path
         result_row("group_commit", "HTTP throughput (wrk)", requests=1_000, rounds=rounds),
         result_row("redis_counter", "HTTP throughput (wrk)", requests=1_000),
     ]
-    context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine()}
-    (tmp_path / "compare.json").write_text(
-        json.dumps({"context": context, "ceilings": [], "results": results})
-    )
-    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
-    body = staff_client.get("/admin/redpack/activity/report/").content.decode()
+    body = this_machines_report(staff_client, tmp_path, monkeypatch, results)
     assert "rounds (the median kept)" in body
     assert "<strong>0.72; 0.80 audit FAILED</strong>" in body
     assert "pings beside it without a 200" not in body  # every ping answered: no column
@@ -171,12 +172,7 @@ def test_admin_report_shows_a_ping_beside_a_run_that_was_not_answered(
         result_row("redis_queue", "HTTP hot (wrk)", requests=10_000, pings_failed=lost),
         result_row("redis_counter", "HTTP hot (wrk)", requests=10_000),
     ]
-    context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine()}
-    (tmp_path / "compare.json").write_text(
-        json.dumps({"context": context, "ceilings": [], "results": results})
-    )
-    monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
-    body = staff_client.get("/admin/redpack/activity/report/").content.decode()
+    body = this_machines_report(staff_client, tmp_path, monkeypatch, results)
     assert "pings beside it without a 200" in body
     assert "<strong>round 2: the ping burst before it: 37 without a 200</strong>" in body
 
