@@ -550,10 +550,10 @@ def http_runs(results: list[dict[str, Any]]) -> dict[str, Any]:
         ):
             value = run.get(key)
             run[shown] = "–" if value is None else f"{100 * value:.1f}%"
-    shown = {key for key, _, _ in report.http_columns(runs)}
+    columns = {key for key, _, _ in report.http_columns(runs)}
     return {
         "http_runs": runs,
         "buckets": buckets,
-        "http_rounds": "rounds" in shown,
-        "http_pings_failed": "pings_failed" in shown,
+        "http_rounds": "rounds" in columns,
+        "http_pings_failed": "pings_failed" in columns,
     }
