@@ -48,7 +48,8 @@ all of it is there (`arrival`, `on_client_socket_readable`): gthread gave a conn
 thread at its first byte, and slow or partial requests held every thread. Everything else
 (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
 READ_TIMEOUT of its first byte, and a new connection must send one within READ_TIMEOUT (gthread
-waited for both for ever).
+waited for both for ever); the kernel hands a connection over only with its first bytes
+(`defer_accept`).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
 slot when it exits (`release`).
 """
@@ -62,6 +63,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import re
 import resource
@@ -197,6 +199,27 @@ def listen_queue_cap() -> int | None:
             return int(handle.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def defer_accept(sock: Any) -> None:
+    """Have the kernel hand a TCP listener's connections over only once their first bytes have
+    come (Linux's TCP_DEFER_ACCEPT), or READ_TIMEOUT after the handshake without them.
+
+    A connection is closed when it sends nothing within READ_TIMEOUT of its accept. Without
+    this, a connection whose handshake completed while its request's first segment was dropped
+    (the listen queue full, in a burst) was accepted on a bare ACK, and its request came only
+    when its client sent it again, after a back-off that doubles each time (0.2 s, 0.4 s ...):
+    past the deadline the worker closed it as silent, and the request that then arrived was
+    reset unanswered. With the connection handed over with its request, the deadline no longer
+    runs while the request is on its way in the kernel; and a connection that never sends
+    waits in the kernel's handshake queue, not in a worker's loop. Not set without READ_TIMEOUT,
+    on other families (a Unix socket) or where the kernel lacks it."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if READ_TIMEOUT is None or option is None:
+        return
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, option, math.ceil(READ_TIMEOUT))
 
 
 def may_accept(own: int, others: list[int], slack: int) -> bool:
@@ -1108,6 +1131,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def run(self) -> None:
         for sock in self.sockets:
             sock.setblocking(False)
+            defer_accept(sock)  # the listener the workers share: each sets the same
         try:
             while self.alive:
                 self.notify()

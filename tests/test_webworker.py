@@ -199,6 +199,50 @@ def test_a_stopping_worker_accepts_nothing(monkeypatch: pytest.MonkeyPatch) -> N
         listener.close()
 
 
+def test_a_listener_hands_over_a_connection_only_once_its_request_has_begun() -> None:
+    """With `defer_accept`, a connection that has sent nothing stays in the kernel: the one
+    behind it that sent its request is accepted first, its bytes already there, and the silent
+    one is not accepted at all (without it the silent one came first, and its deadline ran
+    while its request could still be on its way)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    webworker.defer_accept(listener)
+    silent = socket.create_connection(listener.getsockname(), timeout=10)
+    sending = socket.create_connection(listener.getsockname(), timeout=10)
+    accepted: socket.socket | None = None
+    try:
+        sending.sendall(b"GET / HTTP/1.1\r\n")
+        assert select.select([listener], [], [], 10)[0], "no connection to accept"
+        accepted, peer = listener.accept()
+        assert peer == sending.getsockname()
+        accepted.setblocking(False)
+        assert accepted.recv(100) == b"GET / HTTP/1.1\r\n"
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        for sock in (accepted, silent, sending, listener):
+            if sock is not None:
+                sock.close()
+
+
+def test_a_unix_listener_and_a_server_without_a_read_deadline_defer_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tcp = socket.create_server(("127.0.0.1", 0))
+    try:
+        webworker.defer_accept(unix)  # no such option on a Unix socket: left alone
+        monkeypatch.setattr(webworker, "READ_TIMEOUT", None)
+        webworker.defer_accept(tcp)
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) == 0
+        monkeypatch.setattr(webworker, "READ_TIMEOUT", 10.0)
+        webworker.defer_accept(tcp)
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) > 0
+    finally:
+        unix.close()
+        tcp.close()
+
+
 def test_an_accepted_connection_that_sends_nothing_stops_counting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
