@@ -113,12 +113,17 @@ def result_row(strategy: str, run: str, **figures: object) -> dict:
 
 
 def this_machines_report(  # type: ignore[no-untyped-def]
-    staff_client, tmp_path, monkeypatch, results: list[dict], **context: object
+    staff_client,
+    tmp_path,
+    monkeypatch,
+    results: list[dict],
+    ceilings: list[dict] | None = None,
+    **context: object,
 ) -> str:
     """The admin's report page over `results`, as this machine's latest comparison."""
     context = {"finished_at": "2026-11-20 10:00 UTC", "machine": report.this_machine(), **context}
     (tmp_path / "compare.json").write_text(
-        json.dumps({"context": context, "ceilings": [], "results": results})
+        json.dumps({"context": context, "ceilings": ceilings or [], "results": results})
     )
     monkeypatch.setattr(admin_module, "REPORTS", tmp_path)
     return staff_client.get("/admin/redpack/activity/report/").content.decode()
@@ -175,6 +180,30 @@ def test_admin_report_shows_a_ping_beside_a_run_that_was_not_answered(
     body = this_machines_report(staff_client, tmp_path, monkeypatch, results)
     assert "pings beside it without a 200" in body
     assert "<strong>round 2: the ping burst before it: 37 without a 200</strong>" in body
+
+
+def test_admin_report_shows_a_ceiling_ping_that_was_not_answered(
+    staff_client, tmp_path, monkeypatch
+):
+    ceilings = [
+        {
+            "name": "Web: GET /api/ping/ burst",
+            "kind": "web_burst",
+            "tool": "wrk",
+            "requests_per_s": 480.0,
+            "failed": 37,
+        },
+        {
+            "name": "Web: GET /api/ping/, wrk",
+            "kind": "web_wrk",
+            "tool": "wrk",
+            "requests_per_s": 650.0,
+        },
+    ]
+    results = [result_row("redis_queue", "HTTP hot (wrk)", requests=10_000)]
+    body = this_machines_report(staff_client, tmp_path, monkeypatch, results, ceilings)
+    assert body.count("without a 200") == 1
+    assert "480 <strong>(37 without a 200)</strong>" in body
 
 
 @pytest.fixture

@@ -94,6 +94,9 @@ class Ceiling:
     p99_ms: float | None = None
     note: str = ""
     strategy: str | None = None  # set for a strategy's own Redis script
+    # A ping's requests that got no 200 (lost, reset or refused): every request of a no-op must
+    # be answered, and `compare` fails on one that was not.
+    failed: int = 0
 
 
 def redis_representative(*, requests: int, concurrency: int) -> Ceiling:
@@ -236,13 +239,15 @@ def web_wrk(*, url: str, authorization: str, seconds: int, connections: int) -> 
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     rate = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
     if done.returncode != 0 or rate is None:
         detail = (done.stderr or done.stdout).strip()[-300:]
         return Ceiling(name, "web_wrk", "wrk", None, note=f"failed: {detail}")
     note = f"wrk's own CPU {100 * cpu / (seconds * threads):.0f}% of {threads} cores"
-    if errors:
-        note += f"; {errors.group(1)} non-2xx answers"
+    refused, unanswered = wrk_failures(done.stdout)
+    if refused:
+        note += f"; {refused:,} non-2xx answers"
+    if unanswered:
+        note += f"; {unanswered:,} connection errors (a request without an answer)"
     return Ceiling(
         name,
         "web_wrk",
@@ -251,7 +256,19 @@ def web_wrk(*, url: str, authorization: str, seconds: int, connections: int) -> 
         p50_ms=_wrk_ms(done.stdout, "50%"),
         p99_ms=_wrk_ms(done.stdout, "99%"),
         note=note,
+        failed=refused + unanswered,
     )
+
+
+def wrk_failures(output: str) -> tuple[int, int]:
+    """From wrk's report: its non-2xx answers, and its connect, read and write errors (a kept
+    connection that broke with its request unanswered, or one that could not be opened).
+    Timeouts are not among them: wrk counts a request slower than its timeout and keeps
+    waiting for its answer."""
+    refused = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+)", output)
+    broken = sum(int(n) for n in errors.groups()) if errors else 0
+    return (int(refused.group(1)) if refused else 0), broken
 
 
 def _wrk_ms(output: str, percentile: str) -> float | None:

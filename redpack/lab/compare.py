@@ -320,20 +320,10 @@ class Compare:
         assign_ceilings(self.results, self.ceilings)
         self._write(load_before, time.monotonic() - started, books)
         self._print_ratios()
-        broken = [
-            r
-            for r in self.results
-            if r.get("safe") and (not r.get("audit_ok") or r.get("oversold"))
-        ]
-        for row in broken:
-            self.log(f"AUDIT FAILED: {row['strategy']} {row['run']}: {row.get('violations')}")
-        # The same server lost or refused a no-op beside a run: every request must be answered.
-        lost = [r for r in self.results if r.get("pings_failed")]
-        for row in lost:
-            self.log(f"PINGS FAILED: {row['strategy']} {row['run']}: {row['pings_failed']}")
-        if not books["ok"]:
-            self.log(f"BOOKS FAILED: {books['violations']}")
-        return 1 if broken or lost or not books["ok"] else 0
+        failed = failures(self.results, self.ceilings, books)
+        for line in failed:
+            self.log(line)
+        return 1 if failed else 0
 
     def _credit_grabs(self) -> dict[str, Any]:
         """Credit every grab of the runs to its grabber's wallet (what the crediting task does
@@ -533,6 +523,7 @@ class Compare:
                 "p99_ms": summary.get("p99_ms") if summary else None,
                 "note": "" if rate else f"locust exited {code}",
                 "strategy": None,
+                "failed": summary.get("failures", 0) if summary else 0,
             }
         )
         self.log(f"  {_rate(rate)}")
@@ -569,6 +560,7 @@ class Compare:
                 p50_ms=summary["p50_ms"],
                 p99_ms=summary["p99_ms"],
                 note=note,
+                failed=not_answered_200(summary),
             )
         self.ceilings.append(asdict(found))
         self.log(f"  {_rate(found.requests_per_s)} {found.note}")
@@ -905,6 +897,32 @@ class Compare:
                     f" ({_rate(row.get('ping_beside_per_s'))})"
                 )
             )
+
+
+def failures(
+    results: list[dict[str, Any]], ceilings: list[dict[str, Any]], books: dict[str, Any]
+) -> list[str]:
+    """What fails a comparison, a line each: a safe strategy's run whose audit failed or that
+    oversold; a no-op ping the server lost or refused, beside a run or measured as a ceiling
+    (every request must be answered); books that do not balance."""
+    lines = [
+        f"AUDIT FAILED: {row['strategy']} {row['run']}: {row.get('violations')}"
+        for row in results
+        if row.get("safe") and (not row.get("audit_ok") or row.get("oversold"))
+    ]
+    lines += [
+        f"PINGS FAILED: {row['strategy']} {row['run']}: {row['pings_failed']}"
+        for row in results
+        if row.get("pings_failed")
+    ]
+    lines += [
+        f"PINGS FAILED: ceiling {c['name']}: {c['failed']:,} without a 200"
+        for c in ceilings
+        if c.get("failed")
+    ]
+    if not books["ok"]:
+        lines.append(f"BOOKS FAILED: {books['violations']}")
+    return lines
 
 
 def round_figure(row: dict[str, Any], start_burst: dict[str, Any] | None = None) -> float | None:

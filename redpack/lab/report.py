@@ -363,9 +363,10 @@ def ceilings_table(ceilings: Sequence[dict[str, Any]]) -> str:
     for c in ceilings:
         rate = cell(c.get("requests_per_s"), ",.0f")
         p50, p99 = cell(c.get("p50_ms"), ".2f"), cell(c.get("p99_ms"), ".2f")
-        lines.append(
-            f"| {c['name']} | {c['tool']} | {rate} | {p50} | {p99} | {c.get('note', '')} |"
-        )
+        note = c.get("note", "")
+        if c.get("failed"):  # a ping that lost or refused requests fails the comparison
+            note = "; ".join(filter(None, [f"**{c['failed']:,} without a 200**", note]))
+        lines.append(f"| {c['name']} | {c['tool']} | {rate} | {p50} | {p99} | {note} |")
     return "\n".join(lines)
 
 

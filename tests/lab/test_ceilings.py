@@ -15,6 +15,7 @@ from redpack.lab.ceilings import (
     mysql_raw_batch,
     mysql_raw_seed,
     raw_strategies,
+    wrk_failures,
 )
 from redpack.models import Activity, GrabDetail, Packet, PacketStatus
 from redpack.money import to_cents
@@ -138,3 +139,16 @@ def test_wrk_latencies_are_read_in_milliseconds_whatever_the_unit():
     assert _wrk_ms(WRK_OUTPUT, "90%") == 1200.0
     assert _wrk_ms(WRK_OUTPUT, "99%") == 0.85
     assert _wrk_ms(WRK_OUTPUT, "99.9%") is None
+
+
+WRK_BROKEN = """\
+  21000 requests in 10.00s, 3.00MB read
+  Socket errors: connect 0, read 12, write 3, timeout 40
+  Non-2xx or 3xx responses: 7
+Requests/sec:   2100.50
+"""
+
+
+def test_a_kept_alive_ping_counts_wrk_s_broken_connections_and_non_2xx_answers_not_its_timeouts():
+    assert wrk_failures(WRK_BROKEN) == (7, 15)
+    assert wrk_failures(WRK_OUTPUT) == (0, 0)

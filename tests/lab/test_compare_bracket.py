@@ -1,7 +1,8 @@
 """The pings on either side of a run: a many-packets run's share of them (compare.ping_bracket),
-a hot burst's budget from the ping bursts (compare.burst_bracket)."""
+a hot burst's budget from the ping bursts (compare.burst_bracket), and what fails a comparison
+(compare.failures)."""
 
-from redpack.lab.compare import Beside, burst_bracket, not_answered_200, ping_bracket
+from redpack.lab.compare import Beside, burst_bracket, failures, not_answered_200, ping_bracket
 
 
 def test_the_share_is_of_the_mean_with_each_side_beside_it() -> None:
@@ -59,3 +60,25 @@ def test_a_ping_beside_a_run_without_a_200_for_every_request_is_recorded_by_side
     # A many-packets run keeps its pings' losses even when neither ping gives a share.
     lost = ping_bracket(Beside(None, None), Beside(None, None, 2), {"requests_per_s": 900.0})
     assert lost == {"pings_failed": ["the ping after it: 2 without a 200"]}
+
+
+def test_a_lost_ping_fails_the_comparison_whether_beside_a_run_or_measured_as_a_ceiling() -> None:
+    ok = {"ok": True}
+    answered = {"strategy": "redis_queue", "run": "HTTP hot (wrk)", "safe": True, "audit_ok": True}
+    ceiling = {"name": "Web: GET /api/ping/ burst", "requests_per_s": 480.0}
+    assert failures([answered], [ceiling], ok) == []
+
+    lossy_run = {**answered, "pings_failed": ["the ping burst before it: 37 without a 200"]}
+    assert failures([lossy_run], [ceiling], ok) == [
+        "PINGS FAILED: redis_queue HTTP hot (wrk): ['the ping burst before it: 37 without a 200']"
+    ]
+    lossy_ceiling = {**ceiling, "failed": 1_200}
+    assert failures([answered], [lossy_ceiling], ok) == [
+        "PINGS FAILED: ceiling Web: GET /api/ping/ burst: 1,200 without a 200"
+    ]
+    broken = {**answered, "audit_ok": False, "violations": ["oversold"]}
+    unsafe = {**broken, "strategy": "unsafe", "safe": False}
+    assert failures([broken, unsafe], [], {"ok": False, "violations": ["x"]}) == [
+        "AUDIT FAILED: redis_queue HTTP hot (wrk): ['oversold']",
+        "BOOKS FAILED: ['x']",
+    ]

@@ -283,3 +283,21 @@ def test_http_runs_show_every_requests_cause_latency_and_the_generators_cpu(tmp_
     histogram = next(x for x in text.splitlines() if x.startswith("| strategy | run | ≤10 ms"))
     assert histogram.endswith("| ≤10 ms | ≤1000 ms | ≤5000 ms |")
     assert "| pessimistic | HTTP hot | 9,000 | 250 | 750 |" in text
+
+
+def test_a_ceiling_ping_that_lost_requests_says_so_first_in_its_note() -> None:
+    ceilings = [
+        {
+            "name": "burst",
+            "tool": "wrk",
+            "requests_per_s": 480.0,
+            "note": "9,963 of 10,000",
+            "failed": 37,
+        },
+        {"name": "kept", "tool": "wrk", "requests_per_s": 650.0, "note": "", "failed": 2},
+        {"name": "locust", "tool": "Locust", "requests_per_s": 300.0, "note": "", "failed": 0},
+    ]
+    table = report.ceilings_table(ceilings).splitlines()
+    assert table[2].endswith("| **37 without a 200**; 9,963 of 10,000 |")
+    assert table[3].endswith("| **2 without a 200** |")
+    assert "without a 200" not in table[4]
