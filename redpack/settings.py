@@ -61,8 +61,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "redpack.api.middleware.HeadWithoutBodyMiddleware",  # sees every answer last
+    "redpack.api.middleware.AnswerFramingMiddleware",  # sees every answer last
     "redpack.api.middleware.RequestIdMiddleware",  # every log line of a request has its id
+    "redpack.api.middleware.RequestTargetMiddleware",  # `*`, an authority, an absolute URL
     "django.middleware.security.SecurityMiddleware",
     "redpack.api.middleware.RequestSizeLimitMiddleware",
     "redpack.api.middleware.CredentialThrottleMiddleware",

@@ -671,6 +671,36 @@ def test_a_refused_head_request_is_answered_without_a_body():
             assert body == b"", request[:60]
 
 
+TARGETS = [
+    # (method and request target, status, the JSON error's field or None, Allow or None)
+    (b"OPTIONS *", 204, None, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+    (b"GET *", 400, "target", None),
+    (b"CONNECT example.com:443", 405, None, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+    (b"GET example.com", 400, "target", None),
+    # An absolute URL's host is the request's (RFC 9112 3.2.2), whatever the Host header says.
+    (b"GET http://evil.example/api/ping/", 400, "Host", None),
+    (b"GET http://127.0.0.1/api/ping/", 401, None, None),  # served: the ping wants its token
+    (b"GET /API/ping/", 404, None, None),  # paths are case-sensitive; the API's shape anyway
+]
+
+
+def test_a_request_target_that_is_not_a_path_is_answered_as_the_rfc_asks_in_json():
+    with gunicorn(workers=1, threads=2) as base:
+        for target, status, field, allow in TARGETS:
+            request = target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            got, headers, body = raw_request(base, request)
+            assert got == status, (target, body[:200])
+            if allow is not None:
+                assert headers["allow"] == allow, target
+            if status == 204:
+                assert body == b"" and "content-type" not in headers
+            elif status != 401:
+                assert headers["content-type"] == "application/json", target
+                assert int(headers["content-length"]) == len(body)
+                error = json.loads(body)["error"]
+                assert list(error["fields"]) == ([field] if field else []), (target, error)
+
+
 def test_a_later_http_1_minor_version_is_answered_as_http_1_1():
     """RFC 9110 2.5: the server answers in the version it speaks (gunicorn echoed 1.2)."""
     with gunicorn(workers=1, threads=1) as base:

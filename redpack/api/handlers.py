@@ -14,9 +14,14 @@ from .errors import error_body
 
 
 def _wants_json(request: HttpRequest) -> bool:
-    # `//api/...` or `api/...` (a request target without its leading slash) is the API's too;
-    # the probes' paths answer in JSON, and so does what is near them (`/metrics/`).
-    return request.path.lstrip("/").startswith(("api/", "healthz", "metrics"))
+    # `//api/...` or `api/...` (a request target without its leading slash) is the API's too,
+    # and so is `/API/...` (paths are case-sensitive: it is a 404, in the API's shape); the
+    # probes' paths answer in JSON, and so does what is near them (`/metrics/`); anywhere, a
+    # client that asks for JSON and not for HTML gets JSON.
+    if request.path.lstrip("/").lower().startswith(("api/", "healthz", "metrics")):
+        return True
+    accept = request.headers.get("Accept", "")
+    return "json" in accept and "html" not in accept
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

@@ -52,25 +52,30 @@ BrowserAuthenticationMiddleware = browser_only(AuthenticationMiddleware)
 BrowserMessageMiddleware = browser_only(MessageMiddleware)
 
 
-class HeadWithoutBodyMiddleware:
-    """An answer to HEAD has the status and headers a GET would get (its Content-Length too),
-    and no body (RFC 9110 9.3.2). Django and gunicorn both leave dropping the body to the app:
-    sent, it was read by a client that keeps its connection as the start of its next answer
-    (curl: "excess found"; Python's clients: a bad status line). First in MIDDLEWARE, so that
-    it sees every answer last."""
+class AnswerFramingMiddleware:
+    """Every answer with a body says its length, and an answer to HEAD has the status and
+    headers a GET would get (its Content-Length too) and no body (RFC 9110 9.3.2). First in
+    MIDDLEWARE, so that it sees every answer last.
+
+    Django's CommonMiddleware adds the length, but not to an answer made before it or instead
+    of it (a request refused by a middleware, or by Django for its Host): those went out
+    chunked, and a client speaking HTTP/1.0 read them to the connection's end. A body sent to
+    HEAD was read by a client that keeps its connection as the start of its next answer (curl:
+    "excess found"; Python's clients: a bad status line): Django and gunicorn both leave
+    dropping it to the app. 204 and 304 carry no length (RFC 9110 8.6)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        if request.method != "HEAD":
-            return response
         if isinstance(response, StreamingHttpResponse):
-            response.streaming_content = []
-        else:
-            if not response.has_header("Content-Length"):
-                response["Content-Length"] = str(len(response.content))
+            if request.method == "HEAD":
+                response.streaming_content = []
+            return response
+        if response.status_code not in (204, 304) and not response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        if request.method == "HEAD":
             response.content = b""
         return response
 
@@ -92,6 +97,50 @@ class RequestIdMiddleware:
             logs.request_id.reset(token)
         response[logs.REQUEST_ID_HEADER] = current
         return response
+
+
+# Every method some view of this server answers: what `OPTIONS *` hears (RFC 9110 9.3.7).
+SERVER_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+class RequestTargetMiddleware:
+    """A request target that is not a path (RFC 9112 3.2), as the web server passed it on
+    (RAW_URI): `OPTIONS *` asks what the server as a whole allows and hears it (204, Allow);
+    `*` with another method, or a bare authority (`CONNECT host:443`: this server is no proxy),
+    is refused in the API's JSON shape; an absolute URL's own host is the request's host, as
+    RFC 9112 3.2.2 asks (the Host header is ignored), and Django checks it against
+    ALLOWED_HOSTS (where it was served under the Host header whatever the URL named). Before,
+    each got Django's HTML 404, or an answer for another host. A path costs one look."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        target = request.META.get("RAW_URI")
+        if not target or target[0] == "/":
+            return self.get_response(request)
+        if target == "*":
+            if request.method == "OPTIONS":
+                allowed = HttpResponse(status=204, headers={"Allow": SERVER_METHODS})
+                del allowed["Content-Type"]
+                return allowed
+            return _refused(400, "bad_request", "the request target * is for OPTIONS only")
+        scheme, sep, rest = target.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            request.META["HTTP_HOST"] = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+            return self.get_response(request)
+        if request.method == "CONNECT":
+            return _refused(405, "method_not_allowed", "CONNECT: this server is not a proxy")
+        return _refused(400, "bad_request", "the request target must be a path or an http URL")
+
+
+def _refused(status: int, code: str, message: str) -> JsonResponse:
+    """RequestTargetMiddleware's refusal, naming the request target (405: with Allow)."""
+    fields = {} if status == 405 else {"target": [message]}
+    answer = JsonResponse(error_body(code, message, fields), status=status)
+    if status == 405:
+        answer["Allow"] = SERVER_METHODS
+    return answer
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})

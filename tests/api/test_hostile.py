@@ -446,6 +446,29 @@ def test_the_probes_refuse_other_methods_in_json_before_any_csrf_check(path):
     assert client.get("/healthz").status_code in (200, 503)
 
 
+@pytest.mark.parametrize(
+    ("path", "accept", "json_answer"),
+    [
+        ("/API/", "", True),  # not the API's path (case counts), but its shape
+        ("/Api/activities/1/grab/", "*/*", True),
+        ("/nowhere/", "application/json", True),  # a client that asks for JSON
+        ("/nowhere/", "", False),  # a page's 404 for a browser or anyone else
+        ("/nowhere/", "text/html,application/json;q=0.9", False),
+    ],
+)
+def test_a_path_nothing_serves_is_a_404_in_json_for_the_api_and_for_json_clients(
+    path, accept, json_answer
+):
+    missing = APIClient().get(path, HTTP_ACCEPT=accept) if accept else APIClient().get(path)
+    assert missing.status_code == 404
+    if json_answer:
+        assert missing["Content-Type"] == "application/json"
+        assert missing.json()["error"]["code"] == "not_found"
+    else:
+        assert missing["Content-Type"].startswith("text/html")
+    assert int(missing["Content-Length"]) == len(missing.content)
+
+
 def test_session_auth_keeps_csrf(sender):
     sender.set_password("pass-word-123")
     sender.save()
