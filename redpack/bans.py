@@ -9,11 +9,19 @@ and ping views ask the set on every request, inside the one round trip they make
 strategies/request_checks.py), so a ban takes effect at once. `is_disabled` (the same question
 on its own) remembers an answer for REDPACK_BANS_LOCAL_SECONDS per process. With Redis away,
 MySQL is asked instead: slower, never wrong.
+
+A grab of an activity the process knows has ended is answered from memory and asks Redis
+nothing (redpack/finished.py `answer_now`); it asks this process's copy of the set instead
+(`disabled_locally`), no older than REDPACK_BANS_LOCAL_SECONDS: every change of the set bumps a
+version beside it, which one request reads when the copy is due, and the set is read again
+only when the version moved. Such an answer grants nothing, so a ban reaches it within that
+bound; a grab that could be granted still asks Redis with its request.
 """
 
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -23,6 +31,7 @@ from redis.exceptions import RedisError
 logger = logging.getLogger(__name__)
 
 KEY = "rp:users:disabled"
+VERSION_KEY = "rp:users:disabled:version"  # bumped with every change of KEY (`_bump`)
 MAX_REMEMBERED = 100_000  # answers one process keeps at most (then it starts afresh)
 clock = time.monotonic  # what remembered answers age by (tests set it)
 
@@ -47,12 +56,68 @@ def is_disabled(user_id: int) -> bool:
 
 def set_disabled(user_id: int, disabled: bool) -> None:
     """Record a user's state now (signals call it on save and delete)."""
-    client = get_redis_connection("default")
+    pipe = get_redis_connection("default").pipeline(transaction=True)
     if disabled:
-        client.sadd(KEY, user_id)
+        pipe.sadd(KEY, user_id)
     else:
-        client.srem(KEY, user_id)
+        pipe.srem(KEY, user_id)
+    pipe.incr(VERSION_KEY)
+    pipe.execute()
     _remember(user_id, disabled, clock())
+
+
+@dataclass(frozen=True)
+class _Copy:
+    members: frozenset[int]
+    version: bytes | None  # VERSION_KEY when the members were read
+    read_at: float  # when the version was last found unchanged
+
+
+_copy: _Copy | None = None
+_copying = threading.Lock()
+_unreadable_until = float("-inf")  # after a failed read, none is tried before then
+
+
+def disabled_locally(user_id: int) -> bool | None:
+    """Whether the set names the user, by this process's copy of it, at most
+    REDPACK_BANS_LOCAL_SECONDS old; None when it cannot be read now (the caller asks the usual
+    way). One request reads the version when the copy is due; the others read the copy
+    meanwhile, or wait for the first copy."""
+    copy, now = _copy, clock()
+    if copy is None and now < _unreadable_until:
+        return None  # not asked again at once: each request would wait for Redis in turn
+    if copy is None or now - copy.read_at >= settings.REDPACK_BANS_LOCAL_SECONDS:
+        if _copying.acquire(blocking=copy is None):
+            try:
+                copy = _read_copy(_copy, now)
+            finally:
+                _copying.release()
+        else:
+            copy = _copy  # another request is reading it
+    return None if copy is None else user_id in copy.members
+
+
+def _read_copy(copy: _Copy | None, now: float) -> _Copy | None:
+    global _copy, _unreadable_until
+    if copy is not None and now - copy.read_at < settings.REDPACK_BANS_LOCAL_SECONDS:
+        return copy  # read by the request this one waited for
+    if copy is None and now < _unreadable_until:
+        return None
+    try:
+        client = get_redis_connection("default")
+        version = client.get(VERSION_KEY)
+        if copy is not None and version is not None and version == copy.version:
+            _copy = _Copy(copy.members, version, now)
+        else:
+            pipe = client.pipeline(transaction=True)
+            pipe.get(VERSION_KEY)
+            pipe.smembers(KEY)
+            version, members = pipe.execute()
+            _copy = _Copy(frozenset(int(m) for m in members), version, now)
+    except RedisError as exc:
+        logger.warning("bans: the set is not readable now: %s", exc)
+        _copy, _unreadable_until = None, now + settings.REDPACK_BANS_LOCAL_SECONDS
+    return _copy
 
 
 def sync() -> int:
@@ -70,6 +135,7 @@ def sync() -> int:
         pipe.sadd(KEY, *inactive)
     if active:
         pipe.srem(KEY, *active)
+    pipe.incr(VERSION_KEY)  # also for what changed the set without a bump: copies read it again
     pipe.scard(KEY)
     size = pipe.execute()[-1]
     forget()
@@ -77,8 +143,10 @@ def sync() -> int:
 
 
 def forget() -> None:
+    global _copy, _unreadable_until
     with _lock:
         _remembered.clear()
+        _copy, _unreadable_until = None, float("-inf")
 
 
 def _remember(user_id: int, disabled: bool, when: float) -> None:

@@ -7,7 +7,10 @@ process that has seen the end answers from memory.
 How a process learns it: from a grab's own answer (`sold_out` or `closed`), which it also writes
 to Redis (`rp:finished:<id>`, expiring after REDPACK_FINISHED_SECONDS) for the other processes;
 a grab request reads that key in the round trip it makes anyway for its throttle and ban check
-(redpack/api/gate.py). Nothing is asked per request that was not asked before.
+(redpack/api/gate.py). Nothing is asked per request that was not asked before. Once a process
+knows, a grab request it can answer from memory asks nothing at all (`answer_now`): no round
+trip, so neither the ban nor the throttle is checked for an answer that grants nothing and
+costs less than counting it would; in a hot burst that is the request after the last packet.
 
 What the answer is, in the contract's order: `closed` to everybody once closed (or expired);
 once sold out, `already_grabbed` with the amount for a user who holds a packet, else
@@ -140,6 +143,26 @@ def answer(
         seen = _remember(activity_id, told, now, seconds)
     if seen is None or _renewing(seen, now):
         return None
+    return _from_memory(activity_id, user_id, seen, now)
+
+
+def answer_now(activity_id: int, user_id: int) -> GrabResult | None:
+    """The answer from this process's memory alone, for a request that has asked nothing yet
+    (api/views.py GrabView: no round trip to Redis, so no ban or throttle check either): None
+    when the memory cannot answer without the strategy (not known, holders unsettled or not
+    readable), and for a request due to renew it, which takes the usual way (`answer`)."""
+    if not enabled():
+        return None
+    now = clock()
+    seen = _seen.get(activity_id)
+    if seen is None or seen.until <= now or _due(seen, now):
+        return None
+    return _from_memory(activity_id, user_id, seen, now)
+
+
+def _from_memory(activity_id: int, user_id: int, seen: _Seen, now: float) -> GrabResult | None:
+    """What a remembered end answers this user, in the contract's order; None while a grab is
+    still being written (or the holders cannot be read): the strategy answers."""
     if seen.outcome is Outcome.CLOSED:
         return GrabResult(Outcome.CLOSED)
     holders = _holders(activity_id, seen, now)
@@ -233,14 +256,19 @@ def _remember(activity_id: int, outcome: Outcome, now: float, seconds: float) ->
 def _renewing(seen: _Seen, now: float) -> bool:
     """Whether this request goes to the strategy to renew the memory: past `renew_from`, one
     request per RENEW_RETRY_SHARE of the period (the first whose answer is final renews it)."""
-    retry = RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
-    if now < seen.renew_from or now - seen.renew_asked < retry:
+    if not _due(seen, now):
         return False  # read without the lock: every request of a burst asks
     with _lock:
-        if now - seen.renew_asked < retry:
+        if not _due(seen, now):
             return False
         seen.renew_asked = now
     return True
+
+
+def _due(seen: _Seen, now: float) -> bool:
+    """Whether a request now would be the one sent to renew the memory (`_renewing`)."""
+    retry = RENEW_RETRY_SHARE * settings.REDPACK_FINISHED_SECONDS
+    return now >= seen.renew_from and now - seen.renew_asked >= retry
 
 
 def _holders(activity_id: int, seen: _Seen, now: float) -> Holders | None:

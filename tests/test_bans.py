@@ -4,7 +4,7 @@ no MySQL query per request (redpack/bans.py); refresh is refused too."""
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import RefreshToken
 
@@ -91,6 +91,50 @@ def test_with_redis_away_mysql_answers(settings, make_users):
     assert [bans.is_disabled(active.pk), bans.is_disabled(inactive.pk)] == [False, True]
 
 
+def test_the_process_copy_sees_a_ban_once_due_and_reads_the_set_only_when_it_moved(
+    settings, monkeypatch, make_users
+):
+    """bans.disabled_locally, for the answers that ask Redis nothing: at most
+    REDPACK_BANS_LOCAL_SECONDS old, and re-read whole only when the version moved."""
+    user, other = make_users(2)
+    now = [500.0]
+    monkeypatch.setattr(bans, "clock", lambda: now[0])
+    client = bans.get_redis_connection("default")
+    assert bans.disabled_locally(user.pk) is False
+    bans.set_disabled(user.pk, True)  # as a signal does, in another process
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS / 2
+    assert bans.disabled_locally(user.pk) is False  # not due yet
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS / 2
+    assert bans.disabled_locally(user.pk) is True
+
+    client.sadd(bans.KEY, other.pk)  # written without the version's bump
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS
+    assert bans.disabled_locally(other.pk) is False  # the version did not move: not re-read
+    get_user_model().objects.filter(pk=other.pk).update(is_active=False)
+    bans.sync()  # the beat's: bumps the version whatever it changed
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS
+    assert bans.disabled_locally(other.pk) is True
+
+
+def test_with_redis_away_the_process_copy_cannot_say_and_is_not_asked_again_at_once(
+    settings, monkeypatch, make_users
+):
+    (user,) = make_users(1)
+    now = [500.0]
+    monkeypatch.setattr(bans, "clock", lambda: now[0])
+    away = {"default": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
+    with override_settings(CACHES=away):
+        assert bans.disabled_locally(user.pk) is None
+        asked = []
+        monkeypatch.setattr(bans, "_read_copy", lambda *args: asked.append(args))
+        assert bans.disabled_locally(user.pk) is None
+        assert asked == []  # within the interval: no second wait for Redis
+    monkeypatch.undo()
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS
+    monkeypatch.setattr(bans, "clock", lambda: now[0])
+    assert bans.disabled_locally(user.pk) is False  # Redis back, once the interval is over
+
+
 @pytest.mark.parametrize("how", ["deactivated", "deleted"])
 def test_refresh_is_refused(how, make_users):
     (user,) = make_users(1, balance="0")  # a user with a wallet cannot be deleted
@@ -108,8 +152,8 @@ def test_refresh_is_refused(how, make_users):
 @pytest.mark.parametrize("strategy", ["redis_queue_async", "group_commit"])
 def test_a_deactivated_user_is_refused_on_an_activity_known_finished(strategy, sender, make_users):
     """A strategy that carries the request's checks is not asked once the process knows the
-    activity is finished (its grabs are answered from memory): the gate checks first, so the
-    ban still answers 401, not `sold_out`."""
+    activity is finished (its grabs are answered from memory, without a round trip): the
+    process's copy of the bans is asked first, so the ban still answers 401, not `sold_out`."""
     activity = services.activity_send(
         sender_id=sender.pk, total_amount="1.00", total_count=1, strategy=strategy
     )

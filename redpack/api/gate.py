@@ -7,7 +7,8 @@ disabled (the bans set, redpack/bans.py) and whether the activity is known to be
 (redpack/finished.py, with what the flag has left) go out in one script run
 (ratelimit.count_and_read), on the thread's own connection. The token itself is
 checked without any store (a signed JWT), so a grab that is refused, throttled or answered from
-the finished flag costs this one round trip and no MySQL query.
+the finished flag costs this one round trip and no MySQL query; a grab that the process can
+answer from its own memory of the activity's end costs none (api/views.py GrabView).
 
 With Redis away, or the script's reply lost, the throttle counts in this process, the ban is
 asked again (bans.is_disabled: Redis through the pool, else MySQL), and the finished flag is

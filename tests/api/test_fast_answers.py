@@ -161,6 +161,31 @@ def test_the_checks_go_before_the_script_when_turned_off(
     assert redis_round_trips[0] == "EVALSHA count_and_read"
 
 
+@pytest.mark.parametrize("strategy", ["pessimistic", "redis_counter"])
+def test_once_known_finished_a_grab_asks_neither_redis_nor_mysql_nor_the_throttle(
+    strategy, make_users, sender, redis_round_trips
+):
+    """The hot burst's sold-out answers: from this process's memory, the ban from its copy of
+    the set (redpack/bans.py), no round trip at all, and not counted by the throttle (each
+    costs less than the count would): a user past the grab rate still hears sold_out."""
+    users = make_users(3)
+    activity = send(sender, strategy, count=1)
+    assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").status_code == 200
+    late = client_of(users[1])
+    assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+    assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+    redis_round_trips.clear()  # the memory's holders and the bans' copy are read by now
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(130):  # past the grab rate of 120/min
+            assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+        assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").json()["outcome"] == (
+            "already_grabbed"
+        )
+    assert redis_round_trips == []
+    assert len(queries) == 0
+
+
 def test_a_closed_activity_is_answered_closed_from_memory_even_to_a_holder(make_users, sender):
     users = make_users(2)
     activity = send(sender, "pessimistic")
