@@ -9,8 +9,9 @@ to Redis (`rp:finished:<id>`, expiring after REDPACK_FINISHED_SECONDS) for the o
 a grab request reads that key in the round trip it makes anyway for its throttle and ban check
 (redpack/api/gate.py). Nothing is asked per request that was not asked before. Once a process
 knows, a grab request it can answer from memory asks nothing at all (`answer_now`): no round
-trip, so neither the ban nor the throttle is checked for an answer that grants nothing and
-costs less than counting it would; in a hot burst that is the request after the last packet.
+trip; the ban is asked of the process's copy of the set (redpack/bans.py), and the throttle
+does not count an answer that grants nothing and costs less than counting it would. In a hot
+burst that is every request after the last packet.
 
 What the answer is, in the contract's order: `closed` to everybody once closed (or expired);
 once sold out, `already_grabbed` with the amount for a user who holds a packet, else
@@ -147,10 +148,10 @@ def answer(
 
 
 def answer_now(activity_id: int, user_id: int) -> GrabResult | None:
-    """The answer from this process's memory alone, for a request that has asked nothing yet
-    (api/views.py GrabView: no round trip to Redis, so no ban or throttle check either): None
-    when the memory cannot answer without the strategy (not known, holders unsettled or not
-    readable), and for a request due to renew it, which takes the usual way (`answer`)."""
+    """The answer from this process's memory alone, for a request that has asked Redis nothing
+    (services.grab_answered_from_memory): None when the memory cannot answer without the
+    strategy (not known, holders unsettled or not readable), and for a request due to renew it,
+    which takes the usual way (`answer`)."""
     if not enabled():
         return None
     now = clock()
