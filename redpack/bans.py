@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 logger = logging.getLogger(__name__)
 
 KEY = "rp:users:disabled"
-VERSION_KEY = "rp:users:disabled:version"  # bumped with every change of KEY (`_bump`)
+VERSION_KEY = "rp:users:disabled:version"  # bumped with every change of KEY (set_disabled, sync)
 MAX_REMEMBERED = 100_000  # answers one process keeps at most (then it starts afresh)
 clock = time.monotonic  # what remembered answers age by (tests set it)
 
