@@ -190,7 +190,10 @@ class GrabView(GatedView):
         """A grab of an activity this process knows has ended is answered from memory before
         any round trip (services.grab_answered_from_memory; the hot burst's 99 %): the ban from
         this process's copy of the set, no throttle count for an answer that grants nothing
-        and costs less than the count."""
+        and costs less than the count. Only for a POST: another method is answered 405 after
+        this, and must not count as a grab answered."""
+        if request.method != "POST":
+            return False
         try:
             self.known = services.grab_answered_from_memory(
                 activity_id=kwargs["pk"], user_id=user_id(request)

@@ -186,6 +186,28 @@ def test_once_known_finished_a_grab_asks_neither_redis_nor_mysql_nor_the_throttl
     assert len(queries) == 0
 
 
+def test_another_method_on_the_grab_path_of_an_ended_activity_is_405_not_an_answer(
+    make_users, sender, monkeypatch
+):
+    users = make_users(2)
+    activity = send(sender, "redis_counter", count=1)
+    assert client_of(users[0]).post(f"/api/activities/{activity}/grab/").status_code == 200
+    late = client_of(users[1])
+    assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+    asked: list[int] = []
+    answered = services.grab_answered_from_memory
+    monkeypatch.setattr(
+        services,
+        "grab_answered_from_memory",
+        lambda **kw: asked.append(kw["activity_id"]) or answered(**kw),
+    )
+    for method in (late.get, late.put, late.delete):
+        assert method(f"/api/activities/{activity}/grab/").status_code == 405
+    assert asked == []  # not answered from memory, so not counted as a grab answered
+    assert late.post(f"/api/activities/{activity}/grab/").json() == {"outcome": "sold_out"}
+    assert asked == [activity]
+
+
 def test_a_closed_activity_is_answered_closed_from_memory_even_to_a_holder(make_users, sender):
     users = make_users(2)
     activity = send(sender, "pessimistic")
