@@ -27,6 +27,11 @@ from .models import (
 MAX_ID = 2**63 - 1  # BIGINT: larger ids cannot exist, and must not reach the database driver
 
 
+def possible_id(activity_id: int) -> bool:
+    """Whether an activity can have this id (a path's digits may not: 0, or past BIGINT)."""
+    return 0 < activity_id <= MAX_ID
+
+
 @lru_cache(maxsize=65536)
 def activity_facts(activity_id: int) -> tuple[str, datetime]:
     """An activity's strategy and expiry never change, so each process looks them up once."""
@@ -42,7 +47,7 @@ def activity_strategy(activity_id: int) -> str:
 
 
 def activity_get(*, activity_id: int) -> Activity:
-    if not 0 < activity_id <= MAX_ID:
+    if not possible_id(activity_id):
         raise NotFound(f"activity {activity_id} does not exist")
     activities = Activity.objects.using(shards.alias_of(activity_id))
     activity = activities.filter(pk=activity_id).select_related("refund").first()

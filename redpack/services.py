@@ -115,7 +115,7 @@ def grab_carries_checks(*, activity_id: int) -> bool:
     strategy's own round trip (GrabStrategy.carries_checks): `activity_grab` with `checks`.
     Not once this process knows the activity is finished: its grabs are answered from memory,
     without the strategy, so the request checks first (the gate), as for any strategy."""
-    if not 0 < activity_id <= selectors.MAX_ID or finished.known(activity_id):
+    if not selectors.possible_id(activity_id) or finished.known(activity_id):
         return False
     try:
         name = selectors.activity_strategy(activity_id)  # once per process and activity
@@ -130,7 +130,7 @@ def grab_answered_from_memory(*, activity_id: int, user_id: int) -> GrabResult |
     `activity_grab` counts its answers; None: the request goes the usual way. The ban is asked
     of this process's copy of the set (bans.disabled_locally): RequestRefused for a user it
     names. Not counted by the throttle: the answer costs less than counting it would."""
-    if not 0 < activity_id <= selectors.MAX_ID or not finished.known(activity_id):
+    if not selectors.possible_id(activity_id) or not finished.known(activity_id):
         return None
     disabled = bans.disabled_locally(user_id)
     if disabled is None:
@@ -142,9 +142,14 @@ def grab_answered_from_memory(*, activity_id: int, user_id: int) -> GrabResult |
         result = finished.answer_now(activity_id, user_id)
     if result is not None:
         strategy_name = selectors.activity_strategy(activity_id)  # known: read before
-        elapsed = time.perf_counter() - started
-        metrics.grab_answered(strategy_name, metrics.outcome_label(result), elapsed)
+        _answered(strategy_name, metrics.outcome_label(result), started)
     return result
+
+
+def _answered(strategy_name: str, outcome: str, started: float) -> None:
+    """Count a grab's answer, or the error instead of one (metrics.py: by strategy and outcome,
+    with the time since `started`)."""
+    metrics.grab_answered(strategy_name, outcome, time.perf_counter() - started)
 
 
 def activity_grab(
@@ -167,7 +172,7 @@ def activity_grab(
     `checks`: the web request's, for a strategy that makes them with the grab
     (`grab_carries_checks`, which is false for an activity this process knows is finished):
     RequestRefused when they fail, and nothing is taken."""
-    if not 0 < activity_id <= selectors.MAX_ID:
+    if not selectors.possible_id(activity_id):
         raise NotFound(f"activity {activity_id} does not exist")
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
     started = time.perf_counter()
@@ -185,16 +190,14 @@ def activity_grab(
     except (RequestRefused, ChecksNotMade):
         raise  # the request's checks, not an answer of the grab (the view answers)
     except RedpackError as exc:  # outcome_unknown (503) and the other expected failures
-        metrics.grab_answered(strategy_name, exc.code, time.perf_counter() - started)
+        _answered(strategy_name, exc.code, started)
         metrics.store_error(exc, "grab")
         raise
     except Exception as exc:
-        metrics.grab_answered(strategy_name, "error", time.perf_counter() - started)
+        _answered(strategy_name, "error", started)
         metrics.store_error(exc, "grab")
         raise
-    metrics.grab_answered(
-        strategy_name, metrics.outcome_label(result), time.perf_counter() - started
-    )
+    _answered(strategy_name, metrics.outcome_label(result), started)
     return result
 
 
