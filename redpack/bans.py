@@ -54,15 +54,18 @@ def is_disabled(user_id: int) -> bool:
     return disabled
 
 
+# Add or remove the user, and bump the version only if the set changed: signals call it on every
+# save of a user, most of which change nothing, and a bump sends every process's copy to re-read
+# the whole set (`disabled_locally`).
+_SET_DISABLED = """
+if redis.call(ARGV[2], KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[2]) end
+"""
+
+
 def set_disabled(user_id: int, disabled: bool) -> None:
     """Record a user's state now (signals call it on save and delete)."""
-    pipe = get_redis_connection("default").pipeline(transaction=True)
-    if disabled:
-        pipe.sadd(KEY, user_id)
-    else:
-        pipe.srem(KEY, user_id)
-    pipe.incr(VERSION_KEY)
-    pipe.execute()
+    command = "SADD" if disabled else "SREM"
+    get_redis_connection("default").eval(_SET_DISABLED, 2, KEY, VERSION_KEY, user_id, command)
     _remember(user_id, disabled, clock())
 
 

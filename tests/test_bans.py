@@ -116,6 +116,22 @@ def test_the_process_copy_sees_a_ban_once_due_and_reads_the_set_only_when_it_mov
     assert bans.disabled_locally(other.pk) is True
 
 
+def test_a_save_that_changes_no_ban_leaves_the_version_alone(make_users):
+    """Signals record the state on every save of a user; only a change of the set moves the
+    version, which sends every process's copy to read the whole set again."""
+    (user,) = make_users(1)
+    client = bans.get_redis_connection("default")
+    before = client.get(bans.VERSION_KEY)
+    user.first_name = "renamed"
+    user.save()  # still active: the set does not change
+    bans.set_disabled(user.pk, False)
+    assert client.get(bans.VERSION_KEY) == before
+    bans.set_disabled(user.pk, True)
+    bans.set_disabled(user.pk, True)  # already in
+    assert int(client.get(bans.VERSION_KEY)) == int(before or 0) + 1
+    assert client.sismember(bans.KEY, user.pk)
+
+
 def test_with_redis_away_the_process_copy_cannot_say_and_is_not_asked_again_at_once(
     settings, monkeypatch, make_users
 ):
