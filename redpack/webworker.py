@@ -47,9 +47,9 @@ gunicorn answered 400 (`_Request`). A request arrives in the loop, and goes to a
 all of it is there (`arrival`, `on_client_socket_readable`): gthread gave a connection to a
 thread at its first byte, and slow or partial requests held every thread. Everything else
 (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
-READ_TIMEOUT of its first byte, and a new connection must send one within READ_TIMEOUT (gthread
-waited for both for ever); the kernel hands a connection over only with its first bytes
-(`defer_accept`).
+READ_TIMEOUT of its first byte, and a new connection must send one within FIRST_BYTE_TIMEOUT
+(gthread waited for both for ever); the kernel hands a connection over only with its first
+bytes, or once the handshake has waited READ_TIMEOUT (`defer_accept`).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
 slot when it exits (`release`).
 """
@@ -106,13 +106,21 @@ clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
 # generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
 GC_THRESHOLD = int(os.environ.get("REDPACK_WEB_GC_THRESHOLD", "5000"))
-# How long a request may take to arrive in full (its head and its body, from its first byte; a
-# new connection's first byte, from its accept), and the most a thread waits to write each part
-# of its answer: a client that stops sending mid-request, or sends a byte now and then (slow
-# loris), gets a 408 and loses its connection past it, and one that sends nothing is closed.
+# How long a request may take to arrive in full (its head and its body, from its first byte),
+# and the most a thread waits to write each part of its answer: a client that stops sending
+# mid-request, or sends a byte now and then (slow loris), gets a 408 and loses its connection
+# past it (one that sends nothing: FIRST_BYTE_TIMEOUT).
 # Requests arrive in the worker's loop (`arrival`); over TLS in a thread, which this limit frees.
 # None: no limit (gthread's own).
 READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
+# How long an accepted connection may wait for its first byte before it is closed as silent.
+# Not READ_TIMEOUT: in a burst the kernel hands a connection over without its request once the
+# handshake has waited `defer_accept`'s period (its request was dropped each time it came, the
+# listen queue full), and by then the client's TCP resends it only after a back-off about as
+# long as it has waited already (seen: accepted 15 s after its handshake, its request resent
+# 11 s later). Closed at 10 s, such a request was reset when it came, unanswered (up to 1,201
+# of a burst of 10,000); 60 s is nginx's `client_header_timeout`. None (0): no limit.
+FIRST_BYTE_TIMEOUT = float(os.environ.get("REDPACK_WEB_FIRST_BYTE_TIMEOUT", "60")) or None
 # Bytes of empty lines (CR, LF) that may come on their own before a request line (_Request).
 EMPTY_LINE_BYTES = 64
 # A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
@@ -205,14 +213,17 @@ def defer_accept(sock: Any) -> None:
     """Have the kernel hand a TCP listener's connections over only once their first bytes have
     come (Linux's TCP_DEFER_ACCEPT), or READ_TIMEOUT after the handshake without them.
 
-    A connection is closed when it sends nothing within READ_TIMEOUT of its accept. Without
+    A connection is closed when it sends nothing within FIRST_BYTE_TIMEOUT of its accept. Without
     this, a connection whose handshake completed while its request's first segment was dropped
     (the listen queue full, in a burst) was accepted on a bare ACK, and its request came only
     when its client sent it again, after a back-off that doubles each time (0.2 s, 0.4 s ...):
     past the deadline the worker closed it as silent, and the request that then arrived was
     reset unanswered. With the connection handed over with its request, the deadline no longer
     runs while the request is on its way in the kernel; and a connection that never sends
-    waits in the kernel's handshake queue, not in a worker's loop. Not set without READ_TIMEOUT,
+    waits in the kernel's handshake queue, not in a worker's loop. The kernel still hands one
+    over without its bytes once the period is over (the request dropped each time it came, the
+    listen queue full all that while), its client then slow to send it again: hence the longer
+    FIRST_BYTE_TIMEOUT, not READ_TIMEOUT, after the accept. Not set without READ_TIMEOUT,
     on other families (a Unix socket) or where the kernel lacks it."""
     option = getattr(socket, "TCP_DEFER_ACCEPT", None)
     if READ_TIMEOUT is None or option is None:
@@ -905,7 +916,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             self.poller.register(
                 conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
             )
-            self._wait(conn, READ_TIMEOUT)  # for its request, which must come in time
+            self._wait(conn, FIRST_BYTE_TIMEOUT)  # for its request's first byte
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
         """gthread hands a connection to a thread as soon as it is readable, and the thread
@@ -935,6 +946,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 kept = conn in self._keep
                 if kept:
                     self._keep.remove(conn)
+        begins = not conn.early  # its first bytes: the read deadline runs from now
         conn.early += data
         # At the end of the stream (a client that shut down its side after sending), what came
         # is all there is: the thread answers it, or finds it cut short.
@@ -945,7 +957,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         else:
             verdict, expect, conn.complete_at = arrival(conn.early, body_bytes=self._body_bytes)
         if verdict == Arrival.WAIT:
-            if kept:  # the deadline of a request under way, from its first byte
+            if kept or begins:  # the deadline of a request under way, from its first byte
                 self._wait(conn, READ_TIMEOUT)
             if expect and not conn.continued:  # the client waits for it before its body
                 _continue(conn)

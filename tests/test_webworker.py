@@ -762,9 +762,12 @@ def test_requests_that_come_slowly_hold_no_thread():
 def test_a_request_that_does_not_come_in_time_is_answered_408_and_its_connection_closed():
     """Past REDPACK_WEB_READ_TIMEOUT from its first byte, a request that has not come in full
     (mid-head, mid-body) gets a 408 in the API's JSON shape and the end of its connection; a
-    connection that sent nothing in that time is closed without a word (gthread kept it open
-    for ever: a few thousand such connections filled every worker)."""
-    with gunicorn(workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1") as base:
+    connection that sent nothing within REDPACK_WEB_FIRST_BYTE_TIMEOUT of its accept is closed
+    without a word (gthread kept it open for ever: a few thousand such connections filled every
+    worker)."""
+    with gunicorn(
+        workers=1, threads=2, REDPACK_WEB_READ_TIMEOUT="1", REDPACK_WEB_FIRST_BYTE_TIMEOUT="2"
+    ) as base:
         host, port = base.removeprefix("http://").split(":")
         stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in STALLS]
         with socket.create_connection((host, int(port)), timeout=30) as silent:
@@ -1156,10 +1159,11 @@ def test_the_loop_wakes_for_the_next_deadline(monkeypatch: pytest.MonkeyPatch) -
 def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A pass of the loop that outlasts READ_TIMEOUT ends with the deadlines of the connections
-    it accepted at its start. One whose request is whole in its socket goes to a thread (it was
-    closed unread, reset, its client never answered); one with the start of a request gets the
-    408; one that sent nothing is closed."""
+    """A pass of the loop that outlasts FIRST_BYTE_TIMEOUT ends with the deadlines of the
+    connections it accepted at its start. One whose request is whole in its socket goes to a
+    thread (it was closed unread, reset, its client never answered); one that sent nothing is
+    closed; one with the start of a request gets the 408 READ_TIMEOUT after its bytes were
+    read."""
     worker = _loop_of_one_worker(monkeypatch, [])
     handed: list[Any] = []
     monkeypatch.setattr(worker, "enqueue_req", handed.append)
@@ -1180,14 +1184,19 @@ def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
         for client in (whole, begun):
             server_side = accepted[client.getsockname()].sock
             wait_for(lambda s=server_side: webworker._request_waiting(s), "the bytes sent")
-        assert webworker.READ_TIMEOUT is not None
-        now[0] += webworker.READ_TIMEOUT + 1  # no poll in between: nothing read yet
+        assert webworker.FIRST_BYTE_TIMEOUT is not None
+        now[0] += webworker.FIRST_BYTE_TIMEOUT + 1  # no poll in between: nothing read yet
         worker._expire_waits()
 
         assert [conn.sock.getpeername() for conn in handed] == [whole.getsockname()]
         assert handed[0].early == b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n"
-        assert read_until_closed(begun).startswith(b"HTTP/1.1 408 ")
         assert read_until_closed(silent) == b""
+        assert worker.nr_conns == 2  # the whole one's, and the begun one's
+
+        assert webworker.READ_TIMEOUT is not None
+        now[0] += webworker.READ_TIMEOUT + 1  # the begun one's, from its first bytes read
+        worker._expire_waits()
+        assert read_until_closed(begun).startswith(b"HTTP/1.1 408 ")
         assert worker.nr_conns == 2  # the whole one's, and the lingering 408
     finally:
         for key in list(worker.poller.get_map().values()):
@@ -1196,6 +1205,46 @@ def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
             conn.sock.close()
         for client in (whole, begun, silent):
             client.close()
+        listener.close()
+        worker.poller.close()
+
+
+def test_a_connection_whose_request_comes_past_the_read_deadline_is_still_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel hands a connection over without its request once the handshake has waited
+    `defer_accept`'s period, and its client's TCP may then take as long again to resend the
+    request (a hot burst's full listen queue dropped it each time). Closed at READ_TIMEOUT from
+    its accept, it was reset when the request came, unanswered (1,201 of a burst of 10,000):
+    its request, READ_TIMEOUT and more later, goes to a thread."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    handed: list[Any] = []
+    monkeypatch.setattr(worker, "enqueue_req", handed.append)
+    now = [100.0]
+    monkeypatch.setattr(webworker, "clock", lambda: now[0])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    late = socket.create_connection(listener.getsockname(), timeout=10)
+    try:
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert webworker.READ_TIMEOUT is not None
+        now[0] += webworker.READ_TIMEOUT + 1
+        worker._expire_waits()
+        assert worker.nr_conns == 1 and not handed  # still waiting for its first byte
+
+        late.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
+        (conn,) = worker._unread
+        wait_for(lambda: webworker._request_waiting(conn.sock), "the request sent")
+        for key, _ in worker.poller.select(10):
+            key.data(key.fileobj)
+        assert [c.early for c in handed] == [b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n"]
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for conn in handed:
+            conn.sock.close()
+        late.close()
         listener.close()
         worker.poller.close()
 
