@@ -16,6 +16,15 @@ import tempfile
 
 backlog = int(os.environ.get("REDPACK_WEB_BACKLOG", "4096"))
 worker_connections = int(os.environ.get("REDPACK_WEB_CONNECTIONS", "10000"))
+# Seconds an idle kept-alive connection stays open (gunicorn's own default: 2). Longer than a
+# proxy's own keep-alive to its upstream (nginx's `keepalive_timeout`: 60 s), which would
+# otherwise send a POST on a connection this server had just closed. And a client that keeps
+# its connection after its answer (wrk does, and opens a new one at once when the server closes
+# it) no longer floods a burst that is still arriving with new connections: at 2 s, some hot
+# bursts of 10,000 lost 374-1,201 requests or took 20-60 s (docs/benchmarks.md, "Kept-alive
+# connections"). An idle connection costs a descriptor and an entry in the worker's poller; a
+# full worker closes its longest idle ones for connections that wait (`webworker._make_room`).
+keepalive = int(os.environ.get("REDPACK_WEB_KEEPALIVE", "75"))
 # gthread with balanced accepts and a loop whose cost does not grow with what it holds
 # (redpack/webworker.py); `--threads` sets its pool as gthread's.
 worker_class = os.environ.get("REDPACK_WEB_WORKER_CLASS", "redpack.webworker.BalancedThreadWorker")

@@ -97,6 +97,9 @@ SLOTS = 64  # workers of one server at once, at most (more accept as gthread's d
 # fixed 256, one worker could take all 64 of a load run's: seen 45 against 19).
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
 ACCEPT_SLACK_FLOOR = 32
+# Idle kept-alive connections a worker that holds `worker_connections` closes per pass of its
+# loop while connections wait in the listen queue (`_make_room`).
+EVICT_BATCH = 64
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
@@ -1103,9 +1106,28 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         with contextlib.suppress(IndexError):
             if not self._keep or self._keep[0].timeout > now:
                 return
+        self._close_kept(lambda conn: conn.timeout <= now)
+
+    def _make_room(self) -> None:
+        """A worker that holds `worker_connections` while connections wait in the listen queue
+        closes its longest idle kept-alive connections, EVICT_BATCH at most per pass of its
+        loop (nginx reuses its idle keep-alive connections the same way): with a keep-alive
+        as long as REDPACK_WEB_KEEPALIVE, a burst's answered clients would otherwise keep the
+        next burst out of a full worker until their keep-alive ran out. One whose next request
+        has come is served, as in `murder_keepalived`."""
+        if self.nr_conns < self.worker_connections or not self._keep:
+            return
+        if not select.select(self.sockets, [], [], 0)[0]:
+            return  # nobody waits for the room
+        left = itertools.count(EVICT_BATCH, -1)
+        self._close_kept(lambda conn: next(left) > 0)
+
+    def _close_kept(self, due: Any) -> None:
+        """Take kept-alive connections from the head of the queue (the longest idle first) while
+        `due(head)`: closed, or to a thread if its next request has come."""
         while True:
             with self._lock:
-                if not self._keep or self._keep[0].timeout > now:
+                if not self._keep or not due(self._keep[0]):
                     return
                 conn = self._keep[0]
                 waiting = _request_waiting(conn.sock)
@@ -1147,6 +1169,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         try:
             while self.alive:
                 self.notify()
+                self._make_room()
                 room = self._room()
                 self._ready_to_accept(room)
                 self._forget_silent()

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -1271,4 +1272,56 @@ def test_dropping_a_socket_a_thread_closed_does_not_search_the_poller(
         assert worker.nr_conns == 0 and conn.waits == 1
     finally:
         client.close()
+        worker.poller.close()
+
+
+def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_that_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a long keep-alive, a burst's answered clients fill a worker; a worker that holds
+    `worker_connections` while connections wait in the listen queue closes its longest idle
+    kept-alive ones (EVICT_BATCH per pass at most) and accepts the waiting one. Nobody waiting,
+    or room left: nothing is closed."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    monkeypatch.setattr(webworker, "EVICT_BATCH", 2)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    worker.sockets = [listener]
+    pairs = [socket.socketpair() for _ in range(3)]
+    for server_side, _ in pairs:
+        conn = webworker._Conn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
+        conn.initialized = True
+        conn.timeout = time.time() + 600  # its keep-alive has long to run
+        worker._keep.append(conn)
+        worker.poller.register(server_side, selectors.EVENT_READ)
+        worker.nr_conns += 1
+    worker.worker_connections = 3
+    waiting: socket.socket | None = None
+    try:
+        worker._make_room()  # full, but nobody waits
+        assert worker.nr_conns == 3 and len(worker._keep) == 3
+
+        waiting = socket.create_connection(listener.getsockname(), timeout=10)
+        waiting.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        worker._make_room()
+        assert worker.nr_conns == 1 and len(worker._keep) == 1
+        assert [pair[0].fileno() == -1 for pair in pairs] == [True, True, False]  # oldest first
+        pairs[0][1].settimeout(10)
+        assert pairs[0][1].recv(1) == b""  # the client sees the close
+        assert worker._room()
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == 2
+
+        worker._make_room()  # room left: nothing closed
+        assert len(worker._keep) == 1
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for server_side, client_side in pairs:
+            server_side.close()
+            client_side.close()
+        if waiting is not None:
+            waiting.close()
+        listener.close()
         worker.poller.close()
