@@ -1157,6 +1157,21 @@ def test_the_loop_wakes_for_the_next_deadline(monkeypatch: pytest.MonkeyPatch) -
     worker.poller.close()
 
 
+def _worker_on_a_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Any, list[Any], list[float], socket.socket]:
+    """A worker's loop (`_loop_of_one_worker`) whose requests for a thread land in `handed`,
+    whose deadlines read `now[0]`, and a listening socket of its own."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    handed: list[Any] = []
+    monkeypatch.setattr(worker, "enqueue_req", handed.append)
+    now = [100.0]
+    monkeypatch.setattr(webworker, "clock", lambda: now[0])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    return worker, handed, now, listener
+
+
 def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1165,13 +1180,7 @@ def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
     thread (it was closed unread, reset, its client never answered); one that sent nothing is
     closed; one with the start of a request gets the 408 READ_TIMEOUT after its bytes were
     read."""
-    worker = _loop_of_one_worker(monkeypatch, [])
-    handed: list[Any] = []
-    monkeypatch.setattr(worker, "enqueue_req", handed.append)
-    now = [100.0]
-    monkeypatch.setattr(webworker, "clock", lambda: now[0])
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
+    worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
     whole, begun, silent = (
         socket.create_connection(listener.getsockname(), timeout=10) for _ in range(3)
     )
@@ -1218,13 +1227,7 @@ def test_a_connection_whose_request_comes_past_the_read_deadline_is_still_answer
     request (a hot burst's full listen queue dropped it each time). Closed at READ_TIMEOUT from
     its accept, it was reset when the request came, unanswered (1,201 of a burst of 10,000):
     its request, READ_TIMEOUT and more later, goes to a thread."""
-    worker = _loop_of_one_worker(monkeypatch, [])
-    handed: list[Any] = []
-    monkeypatch.setattr(worker, "enqueue_req", handed.append)
-    now = [100.0]
-    monkeypatch.setattr(webworker, "clock", lambda: now[0])
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
+    worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
     late = socket.create_connection(listener.getsockname(), timeout=10)
     try:
         wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
