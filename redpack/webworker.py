@@ -223,7 +223,8 @@ def defer_accept(sock: Any) -> None:
     past the deadline the worker closed it as silent, and the request that then arrived was
     reset unanswered. With the connection handed over with its request, the deadline no longer
     runs while the request is on its way in the kernel; and a connection that never sends
-    waits in the kernel's handshake queue, not in a worker's loop. The kernel still hands one
+    waits in the kernel's handshake queue for that period (READ_TIMEOUT rounded up to the
+    SYN-ACK resends: 15 s for 10), then in a worker's loop. The kernel hands one
     over without its bytes once the period is over (the request dropped each time it came, the
     listen queue full all that while), its client then slow to send it again: hence the longer
     FIRST_BYTE_TIMEOUT, not READ_TIMEOUT, after the accept. Not set without READ_TIMEOUT,

@@ -41,7 +41,9 @@ BASE_DIR: Path = settings.BASE_DIR
 RAW_CONCURRENCY = 16  # connections of the raw grab transactions (a web tier's pool, roughly)
 # Connections a bench needs beyond its threads' (its parent's; the Celery worker's may grow).
 BENCH_CONNECTIONS_SPARE = 4
-QUIET_TIMEOUT_SECONDS = 60.0  # longest wait for the server to close a burst's connections
+# Longest wait for the server to close a burst's connections: a silent one lives the deferred
+# accept (15 s) plus REDPACK_WEB_FIRST_BYTE_TIMEOUT (60 s).
+QUIET_TIMEOUT_SECONDS = 90.0
 CREDIT_DEFERRED_SECONDS = 7 * 24 * 3600  # the lab's beat never starts crediting during a run
 
 
