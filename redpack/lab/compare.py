@@ -26,7 +26,7 @@ from django.db import connection
 from django.test.utils import override_settings
 from redis.exceptions import RedisError
 
-from redpack import ledger, services
+from redpack import ledger, services, webworker
 from redpack.audit import audit_books
 from strategies import registry
 
@@ -42,8 +42,9 @@ RAW_CONCURRENCY = 16  # connections of the raw grab transactions (a web tier's p
 # Connections a bench needs beyond its threads' (its parent's; the Celery worker's may grow).
 BENCH_CONNECTIONS_SPARE = 4
 # Longest wait for the server to close a burst's connections: a silent one lives the deferred
-# accept (15 s) plus REDPACK_WEB_FIRST_BYTE_TIMEOUT (60 s).
-QUIET_TIMEOUT_SECONDS = 90.0
+# accept (15 s for REDPACK_WEB_READ_TIMEOUT's 10) plus REDPACK_WEB_FIRST_BYTE_TIMEOUT (60 s;
+# the server reads the same environment), with a margin.
+QUIET_TIMEOUT_SECONDS = (webworker.FIRST_BYTE_TIMEOUT or 60.0) + 30.0
 CREDIT_DEFERRED_SECONDS = 7 * 24 * 3600  # the lab's beat never starts crediting during a run
 
 
