@@ -49,7 +49,9 @@ thread at its first byte, and slow or partial requests held every thread. Everyt
 (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
 READ_TIMEOUT of its first byte, and a new connection must send one within FIRST_BYTE_TIMEOUT
 (gthread waited for both for ever); the kernel hands a connection over only with its first
-bytes, or once the handshake has waited READ_TIMEOUT (`defer_accept`).
+bytes, or once the handshake has waited READ_TIMEOUT (`defer_accept`). A worker that holds
+`worker_connections` while others wait closes its longest idle kept-alive connections, then
+those silent for READ_TIMEOUT since their accept (`_make_room`).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
 slot when it exits (`release`).
 """
@@ -73,6 +75,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from concurrent import futures
@@ -97,8 +100,8 @@ SLOTS = 64  # workers of one server at once, at most (more accept as gthread's d
 # fixed 256, one worker could take all 64 of a load run's: seen 45 against 19).
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
 ACCEPT_SLACK_FLOOR = 32
-# Idle kept-alive connections a worker that holds `worker_connections` closes per pass of its
-# loop while connections wait in the listen queue (`_make_room`).
+# Idle kept-alive connections, and silent ones, a worker that holds `worker_connections` closes
+# per pass of its loop while connections wait in the listen queue (`_make_room`).
 EVICT_BATCH = 64
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
@@ -628,16 +631,18 @@ class _RequestParser(http.RequestParser):  # type: ignore[misc]
 class _Deadlines:
     """Connections waiting in the loop, by deadline; added from any thread. An entry counts
     while its connection's `waits` is what it was when added (`_Conn`): one that moved on since
-    (to a thread, to another wait) is passed over."""
+    (to a thread, to another wait) is passed over. An entry holds its connection weakly: one
+    closed before its deadline (most are: a request's first bytes come long before
+    FIRST_BYTE_TIMEOUT) is freed at once, not kept until its entry's turn."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Any, int]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Any], int]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()
 
     def add(self, deadline: float, conn: Any) -> None:
         with self._lock:
-            heapq.heappush(self._heap, (deadline, next(self._order), conn, conn.waits))
+            heapq.heappush(self._heap, (deadline, next(self._order), weakref.ref(conn), conn.waits))
 
     def first(self) -> float | None:
         """The earliest deadline held (perhaps of a connection that has moved on since)."""
@@ -650,8 +655,9 @@ class _Deadlines:
             with self._lock:
                 if not self._heap or self._heap[0][0] > now:
                     return
-                _, _, conn, waits = heapq.heappop(self._heap)
-            if conn.waits == waits:
+                _, _, ref, waits = heapq.heappop(self._heap)
+            conn = ref()
+            if conn is not None and conn.waits == waits:
                 yield conn
 
 
@@ -685,6 +691,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._pending_lock = threading.Lock()
         self._unread: set[Any] = set()
         self._unread_since: deque[tuple[float, Any]] = deque()
+        # The connections accepted, oldest first, as (accepted at, connection held weakly, its
+        # `waits` then): while `waits` is unchanged it has sent nothing (`_close_silent`).
+        self._accepted: deque[tuple[float, weakref.ref[Any], int]] = deque()
         self._listening = False
         self._no_room_until: float | None = None  # set while accept() finds no room
         # Requests arrive in the loop (`arrival`), not in a thread; not over TLS, whose
@@ -921,6 +930,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 conn.sock, selectors.EVENT_READ, partial(self.on_client_socket_readable, conn)
             )
             self._wait(conn, FIRST_BYTE_TIMEOUT)  # for its request's first byte
+            self._accepted.append((clock(), weakref.ref(conn), conn.waits))
 
     def on_client_socket_readable(self, conn: Any, client: Any) -> None:
         """gthread hands a connection to a thread as soon as it is readable, and the thread
@@ -1111,17 +1121,51 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _make_room(self) -> None:
         """A worker that holds `worker_connections` while connections wait in the listen queue
-        closes its longest idle kept-alive connections, EVICT_BATCH at most per pass of its
-        loop (nginx reuses its idle keep-alive connections the same way): with a keep-alive
-        as long as REDPACK_WEB_KEEPALIVE, a burst's answered clients would otherwise keep the
-        next burst out of a full worker until their keep-alive ran out. One whose next request
-        has come is served, as in `murder_keepalived`."""
-        if self.nr_conns < self.worker_connections or not self._keep:
+        closes its longest idle kept-alive connections, then those that have sent nothing for
+        READ_TIMEOUT since their accept, EVICT_BATCH at most per pass of its loop (nginx reuses
+        its idle keep-alive connections the same way). With a keep-alive as long as
+        REDPACK_WEB_KEEPALIVE, a burst's answered clients would otherwise keep the next burst
+        out of a full worker until their keep-alive ran out; and with FIRST_BYTE_TIMEOUT, about
+        170 connections a second that never send a byte would fill it. One whose request has
+        come is served, not closed."""
+        self._forget_accepted()
+        if self.nr_conns < self.worker_connections:
+            return
+        if not (self._keep or self._silent_since(READ_TIMEOUT)):
             return
         if not select.select(self.sockets, [], [], 0)[0]:
             return  # nobody waits for the room
-        left = itertools.count(EVICT_BATCH, -1)
-        self._close_kept(lambda conn: next(left) > 0)
+        asked = itertools.count()  # how often `_close_kept` asked for one more
+        self._close_kept(lambda conn: next(asked) < EVICT_BATCH)
+        self._close_silent(EVICT_BATCH - min(next(asked), EVICT_BATCH))
+
+    def _forget_accepted(self) -> None:
+        """Drop the head of `_accepted` while its connection is gone or has sent something."""
+        while self._accepted:
+            _, ref, waits = self._accepted[0]
+            conn = ref()
+            if conn is not None and conn.waits == waits:
+                return
+            self._accepted.popleft()
+
+    def _silent_since(self, seconds: float | None) -> bool:
+        """Whether the oldest connection still silent (`_forget_accepted` called before) was
+        accepted `seconds` ago or more; never for None (no limit)."""
+        if seconds is None or not self._accepted:
+            return False
+        return self._accepted[0][0] <= clock() - seconds
+
+    def _close_silent(self, most: int) -> None:
+        """Close up to `most` of the connections that have sent nothing for READ_TIMEOUT since
+        their accept, the oldest first; one whose request has come meanwhile is read instead
+        (`_read_what_came`)."""
+        while most > 0 and self._silent_since(READ_TIMEOUT):
+            _, ref, _ = self._accepted.popleft()
+            conn = ref()
+            if conn is not None and not self._read_what_came(conn):
+                self._drop(conn)
+                most -= 1
+            self._forget_accepted()
 
     def _close_kept(self, due: Any) -> None:
         """Take kept-alive connections from the head of the queue (the longest idle first) while

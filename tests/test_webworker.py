@@ -3,6 +3,7 @@ on a real gunicorn, with requests held open until the test lets them go."""
 
 import contextlib
 import errno
+import gc
 import io
 import json
 import logging
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +99,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker.alive, worker.log = True, logging.getLogger("gunicorn.error")
     worker.poller, worker._lock = selectors.DefaultSelector(), threading.RLock()
     worker._pending, worker._pending_lock = set(), threading.Lock()
-    worker._unread, worker._unread_since = set(), deque()
+    worker._unread, worker._unread_since, worker._accepted = set(), deque(), deque()
     worker._no_room_until = None
     worker._waits, worker._gathers = webworker._Deadlines(), True
     worker._answering, worker._keep = threading.local(), deque()
@@ -1150,11 +1152,33 @@ def test_the_loop_wakes_for_the_next_deadline(monkeypatch: pytest.MonkeyPatch) -
     worker._listening = True
     monkeypatch.setattr(webworker, "clock", lambda: 100.0)
     assert worker._poll_seconds() == 1.0  # nothing waits
-    worker._wait(SimpleNamespace(waits=0), 0.25)
+    waiting = _Waiting()
+    worker._wait(waiting, 0.25)
     assert worker._poll_seconds() == 0.25
     monkeypatch.setattr(webworker, "clock", lambda: 101.0)
     assert worker._poll_seconds() == 0.0  # past: at once
     worker.poller.close()
+
+
+class _Waiting:
+    """A connection as the deadlines see it."""
+
+    waits = 0
+
+
+def test_a_deadline_holds_its_connection_weakly() -> None:
+    """A connection closed before its deadline (most: their first bytes come long before
+    FIRST_BYTE_TIMEOUT) is freed at once, not held until its entry's turn (a minute of a
+    burst's connections); one still waiting is yielded at its deadline."""
+    deadlines = webworker._Deadlines()
+    gone, waiting = _Waiting(), _Waiting()
+    deadlines.add(1.0, gone)
+    deadlines.add(2.0, waiting)
+    freed = weakref.ref(gone)
+    del gone
+    gc.collect()
+    assert freed() is None
+    assert list(deadlines.past(3.0)) == [waiting]
 
 
 def _worker_on_a_clock(
@@ -1326,5 +1350,61 @@ def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_
             client_side.close()
         if waiting is not None:
             waiting.close()
+        listener.close()
+        worker.poller.close()
+
+
+def test_a_full_worker_closes_connections_silent_since_the_read_deadline_for_those_that_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that sends nothing holds its place for FIRST_BYTE_TIMEOUT: a worker full of
+    them, with none kept alive to close, closes those silent for READ_TIMEOUT since their
+    accept, the oldest first (EVICT_BATCH per pass), for one waiting in the listen queue. One
+    whose request came meanwhile goes to a thread instead; younger ones stay."""
+    worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
+    monkeypatch.setattr(webworker, "EVICT_BATCH", 1)
+    worker.sockets, worker.worker_connections = [listener], 3
+    came = socket.create_connection(listener.getsockname(), timeout=10)
+    oldest = socket.create_connection(listener.getsockname(), timeout=10)
+    young: socket.socket | None = None
+    waiting: socket.socket | None = None
+    try:
+        wait_for(lambda: _waiting(listener) == 2, "the 2 connections in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        assert webworker.READ_TIMEOUT is not None
+        now[0] += webworker.READ_TIMEOUT
+        young = socket.create_connection(listener.getsockname(), timeout=10)
+        wait_for(lambda: _waiting(listener) == 1, "the young connection in the queue")
+        worker.accept(listener.getsockname(), listener)
+        assert worker.nr_conns == 3
+        came.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
+        by_peer = {conn.sock.getpeername(): conn for conn in worker._unread}
+        wait_for(
+            lambda: webworker._request_waiting(by_peer[came.getsockname()].sock), "the request"
+        )
+
+        worker._make_room()  # full, but nobody waits
+        assert worker.nr_conns == 3 and not handed
+
+        waiting = socket.create_connection(listener.getsockname(), timeout=10)
+        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+        worker._make_room()
+        assert [conn.sock.getpeername() for conn in handed] == [came.getsockname()]
+        assert read_until_closed(oldest) == b""
+        assert worker.nr_conns == 2  # the request in a thread's hands, the young one
+        assert worker._room()
+        worker.accept(listener.getsockname(), listener)
+
+        worker._make_room()  # full again, and the young one not silent for READ_TIMEOUT yet
+        assert worker.nr_conns == 3
+        assert by_peer[young.getsockname()].sock.fileno() != -1
+    finally:
+        for key in list(worker.poller.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for conn in handed:
+            conn.sock.close()
+        for client in (came, oldest, young, waiting):
+            if client is not None:
+                client.close()
         listener.close()
         worker.poller.close()
