@@ -65,6 +65,7 @@ import inspect
 import io
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -350,6 +351,26 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin1") + body
+
+
+class ClientRefusals(logging.Filter):
+    """gunicorn logs every request it refuses as a WARNING that quotes the client's bytes (up to
+    a head's 8 KB): a client sending malformed requests wrote a line per request into the
+    server's error log, as loud as the server's own trouble. They are the client's errors, as
+    the answer says (400, 431...): at INFO, as nginx logs them, cut to _MESSAGE_AT_MOST
+    characters."""
+
+    PREFIX = "Invalid request from ip="
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or not str(record.msg).startswith(self.PREFIX):
+            return True
+        message = record.getMessage()
+        if len(message) > _MESSAGE_AT_MOST:
+            message = message[:_MESSAGE_AT_MOST] + "…"
+        record.msg, record.args = message, ()
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
 class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
@@ -680,10 +701,14 @@ class _Conn(TConn):  # type: ignore[misc]
             self.parser = _RequestParser(self.cfg, self.arriving, self.client)
 
 
+_client_refusals = ClientRefusals()
+
+
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = claim(self.age)  # in the master
+        logging.getLogger("gunicorn.error").addFilter(_client_refusals)  # once: the same filter
         # The requests this worker holds: read, queued for a thread or running, not answered;
         # and the connections accepted whose request is not read yet (SILENT_SECONDS at most;
         # the loop's thread alone touches them), oldest first in `_unread_since`.

@@ -1408,3 +1408,34 @@ def test_a_full_worker_closes_connections_silent_since_the_read_deadline_for_tho
                 client.close()
         listener.close()
         worker.poller.close()
+
+
+def test_a_refused_request_is_logged_at_info_and_cut_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """gunicorn logs each request it refuses as a WARNING quoting the client's bytes: a client
+    sending malformed heads wrote a line of up to 8 KB per request into the error log. A worker
+    logs it at INFO (silent at gunicorn's `--log-level warning`), cut to _MESSAGE_AT_MOST
+    characters."""
+    worker = webworker.BalancedThreadWorker(
+        9999, 0, [], None, 30, Config(), logging.getLogger("gunicorn.error")
+    )
+    server_side, client_side = socket.socketpair()
+    try:
+        refused = http_errors.InvalidRequestLine("GET /" + "x" * 5000)
+        with caplog.at_level(logging.WARNING, logger="gunicorn.error"):
+            worker.handle_error(None, server_side, ("192.0.2.1", 1), refused)
+        assert not [r for r in caplog.records if r.name == "gunicorn.error"]
+        with caplog.at_level(logging.INFO, logger="gunicorn.error"):
+            worker.handle_error(None, server_side, ("192.0.2.1", 1), refused)
+        (record,) = [r for r in caplog.records if r.name == "gunicorn.error"]
+        assert record.levelno == logging.INFO
+        assert record.getMessage().startswith("Invalid request from ip=192.0.2.1: ")
+        assert len(record.getMessage()) == webworker._MESSAGE_AT_MOST + 1  # and "…"
+        client_side.settimeout(10)
+        assert client_side.recv(12) == b"HTTP/1.1 400"  # answered as before
+    finally:
+        webworker.release(worker.slot)
+        worker.tmp.close()
+        server_side.close()
+        client_side.close()
