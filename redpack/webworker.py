@@ -51,7 +51,7 @@ READ_TIMEOUT of its first byte, and a new connection must send one within FIRST_
 (gthread waited for both for ever); the kernel hands a connection over only with its first
 bytes, or once the handshake has waited READ_TIMEOUT (`defer_accept`). A worker that holds
 `worker_connections` while others wait closes its longest idle kept-alive connections, then
-those silent for READ_TIMEOUT since their accept (`_make_room`).
+those silent for SILENT_EVICT_SECONDS since their accept (`_make_room`).
 gunicorn.conf.py makes this the worker class of every redpack web server and frees a worker's
 slot when it exits (`release`).
 """
@@ -128,6 +128,12 @@ READ_TIMEOUT = float(os.environ.get("REDPACK_WEB_READ_TIMEOUT", "10")) or None
 # 11 s later). Closed at 10 s, such a request was reset when it came, unanswered (up to 1,201
 # of a burst of 10,000); 60 s is nginx's `client_header_timeout`. None (0): no limit.
 FIRST_BYTE_TIMEOUT = float(os.environ.get("REDPACK_WEB_FIRST_BYTE_TIMEOUT", "60")) or None
+# A worker that holds `worker_connections` while connections wait closes, once its idle
+# kept-alive ones are gone, those that have sent nothing for this long (`_close_silent`): half
+# of FIRST_BYTE_TIMEOUT (30 s; 30 s too with no first-byte limit), past the resend of a request
+# the kernel dropped in a burst (about as long after the accept as the handshake waited before
+# it: some 16 s with READ_TIMEOUT's deferred accept of about 15 s).
+SILENT_EVICT_SECONDS = (FIRST_BYTE_TIMEOUT or 60.0) / 2
 # Bytes of empty lines (CR, LF) that may come on their own before a request line (_Request).
 EMPTY_LINE_BYTES = 64
 # A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
@@ -652,9 +658,10 @@ class _RequestParser(http.RequestParser):  # type: ignore[misc]
 class _Deadlines:
     """Connections waiting in the loop, by deadline; added from any thread. An entry counts
     while its connection's `waits` is what it was when added (`_Conn`): one that moved on since
-    (to a thread, to another wait) is passed over. An entry holds its connection weakly: one
-    closed before its deadline (most are: a request's first bytes come long before
-    FIRST_BYTE_TIMEOUT) is freed at once, not kept until its entry's turn."""
+    (to a thread, to another wait) is passed over. An entry holds its connection weakly: a
+    connection closed long before its entry's deadline (a request's first bytes come within
+    milliseconds, FIRST_BYTE_TIMEOUT is a minute) is freed once nothing else holds it, not kept
+    for that minute by its entry."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, weakref.ref[Any], int]] = []
@@ -1146,45 +1153,53 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _make_room(self) -> None:
         """A worker that holds `worker_connections` while connections wait in the listen queue
-        closes its longest idle kept-alive connections, then those that have sent nothing for
-        READ_TIMEOUT since their accept, EVICT_BATCH at most per pass of its loop (nginx reuses
-        its idle keep-alive connections the same way). With a keep-alive as long as
-        REDPACK_WEB_KEEPALIVE, a burst's answered clients would otherwise keep the next burst
+        closes its longest idle kept-alive connections, then, if it is still full, those that
+        have sent nothing for SILENT_EVICT_SECONDS, EVICT_BATCH at most per pass of its loop
+        (nginx reuses its idle keep-alive connections the same way). With a keep-alive as long
+        as REDPACK_WEB_KEEPALIVE, a burst's answered clients would otherwise keep the next burst
         out of a full worker until their keep-alive ran out; and with FIRST_BYTE_TIMEOUT, about
         170 connections a second that never send a byte would fill it. One whose request has
         come is served, not closed."""
         self._forget_accepted()
         if self.nr_conns < self.worker_connections:
             return
-        if not (self._keep or self._silent_since(READ_TIMEOUT)):
+        if not (self._keep or self._silent_since(SILENT_EVICT_SECONDS)):
             return
         if not select.select(self.sockets, [], [], 0)[0]:
             return  # nobody waits for the room
         asked = itertools.count()  # how often `_close_kept` asked for one more
         self._close_kept(lambda conn: next(asked) < EVICT_BATCH)
-        self._close_silent(EVICT_BATCH - min(next(asked), EVICT_BATCH))
+        if self.nr_conns >= self.worker_connections:
+            self._close_silent(EVICT_BATCH - min(next(asked), EVICT_BATCH))
 
     def _forget_accepted(self) -> None:
-        """Drop the head of `_accepted` while its connection is gone or has sent something."""
-        while self._accepted:
-            _, ref, waits = self._accepted[0]
-            conn = ref()
-            if conn is not None and conn.waits == waits:
-                return
-            self._accepted.popleft()
+        """Drop the head of `_accepted` while its connection is gone or has sent something; and
+        the whole of it but the silent ones, when it holds twice the worker's connections (one
+        silent connection at its head, with no first-byte limit, would keep every later entry)."""
+        accepted = self._accepted
+        if len(accepted) > 2 * self.nr_conns + EVICT_BATCH:
+            self._accepted = accepted = deque(
+                entry for entry in accepted if self._still_silent(entry)
+            )
+        while accepted and not self._still_silent(accepted[0]):
+            accepted.popleft()
 
-    def _silent_since(self, seconds: float | None) -> bool:
+    @staticmethod
+    def _still_silent(entry: tuple[float, weakref.ref[Any], int]) -> bool:
+        _, ref, waits = entry
+        conn = ref()
+        return conn is not None and conn.waits == waits
+
+    def _silent_since(self, seconds: float) -> bool:
         """Whether the oldest connection still silent (`_forget_accepted` called before) was
-        accepted `seconds` ago or more; never for None (no limit)."""
-        if seconds is None or not self._accepted:
-            return False
-        return self._accepted[0][0] <= clock() - seconds
+        accepted `seconds` ago or more."""
+        return bool(self._accepted) and self._accepted[0][0] <= clock() - seconds
 
     def _close_silent(self, most: int) -> None:
-        """Close up to `most` of the connections that have sent nothing for READ_TIMEOUT since
-        their accept, the oldest first; one whose request has come meanwhile is read instead
-        (`_read_what_came`)."""
-        while most > 0 and self._silent_since(READ_TIMEOUT):
+        """Close up to `most` of the connections that have sent nothing for SILENT_EVICT_SECONDS
+        since their accept, the oldest first; one whose request has come meanwhile is read
+        instead (`_read_what_came`)."""
+        while most > 0 and self._silent_since(SILENT_EVICT_SECONDS):
             _, ref, _ = self._accepted.popleft()
             conn = ref()
             if conn is not None and not self._read_what_came(conn):

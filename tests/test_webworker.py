@@ -1181,6 +1181,24 @@ def test_a_deadline_holds_its_connection_weakly() -> None:
     assert list(deadlines.past(3.0)) == [waiting]
 
 
+def test_the_accepted_connections_are_pruned_past_a_silent_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One silent connection at the head of `_accepted` (with no first-byte limit it may stay
+    for ever) would keep the entries of every connection accepted after it: past twice the
+    worker's connections, only the silent ones are kept."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    silent, moved_on = _Waiting(), [_Waiting() for _ in range(100)]
+    worker._accepted.append((1.0, weakref.ref(silent), 0))
+    for conn in moved_on:
+        worker._accepted.append((2.0, weakref.ref(conn), 0))
+        conn.waits = 1  # its request came
+    worker.nr_conns = 1
+    worker._forget_accepted()
+    assert [ref() for _, ref, _ in worker._accepted] == [silent]
+    worker.poller.close()
+
+
 def _worker_on_a_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[Any, list[Any], list[float], socket.socket]:
@@ -1302,6 +1320,19 @@ def test_dropping_a_socket_a_thread_closed_does_not_search_the_poller(
         worker.poller.close()
 
 
+def _kept_alive(worker: Any) -> tuple[socket.socket, socket.socket]:
+    """A connection `worker` keeps alive, idle, its keep-alive long to run: (server's end,
+    client's end)."""
+    server_side, client_side = socket.socketpair()
+    conn = webworker._Conn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
+    conn.initialized = True
+    conn.timeout = time.time() + 600
+    worker._keep.append(conn)
+    worker.poller.register(server_side, selectors.EVENT_READ)
+    worker.nr_conns += 1
+    return server_side, client_side
+
+
 def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_that_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1314,14 +1345,7 @@ def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
     worker.sockets = [listener]
-    pairs = [socket.socketpair() for _ in range(3)]
-    for server_side, _ in pairs:
-        conn = webworker._Conn(worker.cfg, server_side, ("127.0.0.1", 0), ("127.0.0.1", 0))
-        conn.initialized = True
-        conn.timeout = time.time() + 600  # its keep-alive has long to run
-        worker._keep.append(conn)
-        worker.poller.register(server_side, selectors.EVENT_READ)
-        worker.nr_conns += 1
+    pairs = [_kept_alive(worker) for _ in range(3)]
     worker.worker_connections = 3
     waiting: socket.socket | None = None
     try:
@@ -1354,27 +1378,38 @@ def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_
         worker.poller.close()
 
 
-def test_a_full_worker_closes_connections_silent_since_the_read_deadline_for_those_that_wait(
+def _close_all(worker: Any, *sockets: socket.socket | None) -> None:
+    for key in list(worker.poller.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    for sock in sockets:
+        if sock is not None:
+            sock.close()
+    worker.poller.close()
+
+
+def _one_more_waits(listener: socket.socket) -> socket.socket:
+    client = socket.create_connection(listener.getsockname(), timeout=10)
+    wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
+    return client
+
+
+def test_a_full_worker_closes_connections_silent_for_half_the_first_byte_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A connection that sends nothing holds its place for FIRST_BYTE_TIMEOUT: a worker full of
-    them, with none kept alive to close, closes those silent for READ_TIMEOUT since their
-    accept, the oldest first (EVICT_BATCH per pass), for one waiting in the listen queue. One
-    whose request came meanwhile goes to a thread instead; younger ones stay."""
+    them, with none kept alive to close, closes those silent for SILENT_EVICT_SECONDS since
+    their accept, the oldest first, for one waiting in the listen queue. One whose request came
+    meanwhile goes to a thread instead; a younger one stays until it is as old."""
     worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
-    monkeypatch.setattr(webworker, "EVICT_BATCH", 1)
     worker.sockets, worker.worker_connections = [listener], 3
     came = socket.create_connection(listener.getsockname(), timeout=10)
     oldest = socket.create_connection(listener.getsockname(), timeout=10)
-    young: socket.socket | None = None
-    waiting: socket.socket | None = None
+    young = waiting = later = None
     try:
         wait_for(lambda: _waiting(listener) == 2, "the 2 connections in the listen queue")
         worker.accept(listener.getsockname(), listener)
-        assert webworker.READ_TIMEOUT is not None
-        now[0] += webworker.READ_TIMEOUT
-        young = socket.create_connection(listener.getsockname(), timeout=10)
-        wait_for(lambda: _waiting(listener) == 1, "the young connection in the queue")
+        now[0] += webworker.SILENT_EVICT_SECONDS
+        young = _one_more_waits(listener)
         worker.accept(listener.getsockname(), listener)
         assert worker.nr_conns == 3
         came.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
@@ -1386,28 +1421,57 @@ def test_a_full_worker_closes_connections_silent_since_the_read_deadline_for_tho
         worker._make_room()  # full, but nobody waits
         assert worker.nr_conns == 3 and not handed
 
-        waiting = socket.create_connection(listener.getsockname(), timeout=10)
-        wait_for(lambda: _waiting(listener) == 1, "the connection in the listen queue")
-        worker._make_room()
+        waiting = _one_more_waits(listener)
+        worker._make_room()  # room for one: the oldest two go, the young one stays
         assert [conn.sock.getpeername() for conn in handed] == [came.getsockname()]
         assert read_until_closed(oldest) == b""
         assert worker.nr_conns == 2  # the request in a thread's hands, the young one
-        assert worker._room()
         worker.accept(listener.getsockname(), listener)
 
-        worker._make_room()  # full again, and the young one not silent for READ_TIMEOUT yet
+        later = _one_more_waits(listener)
+        worker._make_room()  # full, one waits, and the young one is not silent for as long yet
         assert worker.nr_conns == 3
         assert by_peer[young.getsockname()].sock.fileno() != -1
+        now[0] += webworker.SILENT_EVICT_SECONDS
+        worker._make_room()  # now it is, and so is the one accepted after it
+        assert read_until_closed(young) == b"" and read_until_closed(waiting) == b""
+        assert worker.nr_conns == 1  # the request in a thread's hands
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
         for conn in handed:
             conn.sock.close()
-        for client in (came, oldest, young, waiting):
-            if client is not None:
-                client.close()
-        listener.close()
-        worker.poller.close()
+        _close_all(worker, came, oldest, young, waiting, later, listener)
+
+
+def test_a_full_worker_closes_silent_connections_only_while_it_is_full_and_within_its_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kept-alive connections go first, and the silent ones only if the worker is still
+    full: EVICT_BATCH in all per pass of the loop."""
+    worker, _, now, listener = _worker_on_a_clock(monkeypatch)
+    monkeypatch.setattr(webworker, "EVICT_BATCH", 2)
+    worker.sockets = [listener]
+    silent = [socket.create_connection(listener.getsockname(), timeout=10) for _ in range(2)]
+    kept = [_kept_alive(worker)]
+    waiting = None
+    try:
+        wait_for(lambda: _waiting(listener) == 2, "the 2 connections in the listen queue")
+        worker.accept(listener.getsockname(), listener)
+        now[0] += webworker.SILENT_EVICT_SECONDS
+        waiting = _one_more_waits(listener)
+
+        worker.worker_connections = 3
+        worker._make_room()  # the kept-alive one makes room: the silent ones stay
+        assert worker.nr_conns == 2 and not worker._keep
+        assert len(worker._accepted) == 2
+
+        kept.append(_kept_alive(worker))
+        worker.worker_connections = 1  # full, two over, after the kept-alive one
+        worker._make_room()  # one kept-alive and one silent, the oldest: the batch of 2
+        assert worker.nr_conns == 1 and not worker._keep
+        assert read_until_closed(silent[0]) == b""
+        assert len(worker._accepted) == 1
+    finally:
+        _close_all(worker, *silent, *(end for pair in kept for end in pair), waiting, listener)
 
 
 def test_a_refused_request_is_logged_at_info_and_cut_short(
