@@ -684,9 +684,16 @@ class _Deadlines:
                 if not self._heap or self._heap[0][0] > now:
                     return
                 _, _, ref, waits = heapq.heappop(self._heap)
-            conn = ref()
-            if conn is not None and conn.waits == waits:
+            conn = _still_waiting(ref, waits)
+            if conn is not None:
                 yield conn
+
+
+def _still_waiting(ref: weakref.ref[Any], waits: int) -> Any:
+    """The connection an entry made when its `waits` was `waits` holds weakly, if it is still
+    there and has not moved on since (`_Conn.waits`); else None."""
+    conn = ref()
+    return conn if conn is not None and conn.waits == waits else None
 
 
 class _Conn(TConn):  # type: ignore[misc]
@@ -1179,16 +1186,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         accepted = self._accepted
         if len(accepted) > 2 * self.nr_conns + EVICT_BATCH:
             self._accepted = accepted = deque(
-                entry for entry in accepted if self._still_silent(entry)
+                entry for entry in accepted if _still_waiting(*entry[1:]) is not None
             )
-        while accepted and not self._still_silent(accepted[0]):
+        while accepted and _still_waiting(*accepted[0][1:]) is None:
             accepted.popleft()
-
-    @staticmethod
-    def _still_silent(entry: tuple[float, weakref.ref[Any], int]) -> bool:
-        _, ref, waits = entry
-        conn = ref()
-        return conn is not None and conn.waits == waits
 
     def _silent_since(self, seconds: float) -> bool:
         """Whether the oldest connection still silent (`_forget_accepted` called before) was
