@@ -107,6 +107,17 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     return worker
 
 
+def _close_all(worker: Any, *sockets: socket.socket | None) -> None:
+    """Close what a test's worker loop holds (its poller's sockets, then the poller) and
+    `sockets` (those that are not None)."""
+    for key in list(worker.poller.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    for sock in sockets:
+        if sock is not None:
+            sock.close()
+    worker.poller.close()
+
+
 @pytest.mark.parametrize(
     ("slack", "others", "accepted"),
     # 256 while the other holds nothing: the floor, 32 more (33); alone: every one.
@@ -131,11 +142,7 @@ def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
         assert worker._holds() == accepted  # each counts until its request is read
         assert len(worker.poller.get_map()) == accepted  # each waits for its request
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
-        for client in clients:
-            client.close()
-        listener.close()
+        _close_all(worker, *clients, listener)
 
 
 class _NoRoom:
@@ -180,10 +187,7 @@ def test_a_worker_without_room_says_so_once_and_leaves_the_queue_alone_a_while(
         worker.accept(address, _NoRoom())
         assert len(warnings) == 2  # a new shortage, said again
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
-        client.close()
-        listener.close()
+        _close_all(worker, client, listener)
 
 
 def test_a_stopping_worker_accepts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,10 +270,7 @@ def test_an_accepted_connection_that_sends_nothing_stops_counting(
         worker._forget_silent()
         assert worker._holds() == 0
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
-        client.close()
-        listener.close()
+        _close_all(worker, client, listener)
 
 
 def test_a_kept_alive_connection_whose_next_request_came_is_served_not_closed(
@@ -1251,14 +1252,9 @@ def test_a_deadline_counts_what_came_before_it_even_if_the_loop_had_not_read_it(
         assert read_until_closed(begun).startswith(b"HTTP/1.1 408 ")
         assert worker.nr_conns == 2  # the whole one's, and the lingering 408
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
         for conn in handed:
             conn.sock.close()
-        for client in (whole, begun, silent):
-            client.close()
-        listener.close()
-        worker.poller.close()
+        _close_all(worker, whole, begun, silent, listener)
 
 
 def test_a_connection_whose_request_comes_past_the_read_deadline_is_still_answered(
@@ -1286,13 +1282,9 @@ def test_a_connection_whose_request_comes_past_the_read_deadline_is_still_answer
             key.data(key.fileobj)
         assert [c.early for c in handed] == [b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n"]
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
         for conn in handed:
             conn.sock.close()
-        late.close()
-        listener.close()
-        worker.poller.close()
+        _close_all(worker, late, listener)
 
 
 def test_dropping_a_socket_a_thread_closed_does_not_search_the_poller(
@@ -1367,24 +1359,7 @@ def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_
         worker._make_room()  # room left: nothing closed
         assert len(worker._keep) == 1
     finally:
-        for key in list(worker.poller.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
-        for server_side, client_side in pairs:
-            server_side.close()
-            client_side.close()
-        if waiting is not None:
-            waiting.close()
-        listener.close()
-        worker.poller.close()
-
-
-def _close_all(worker: Any, *sockets: socket.socket | None) -> None:
-    for key in list(worker.poller.get_map().values()):
-        key.fileobj.close()  # type: ignore[union-attr]
-    for sock in sockets:
-        if sock is not None:
-            sock.close()
-    worker.poller.close()
+        _close_all(worker, *(end for pair in pairs for end in pair), waiting, listener)
 
 
 def _one_more_waits(listener: socket.socket) -> socket.socket:
