@@ -26,6 +26,8 @@ worker, three things made it slow and its end late:
   pass accepts every waiting connection that `may_accept` allows, each counted as it is
   accepted: up to the slack more than the least busy other worker holds (256, measured in
   docs/benchmarks.md, "Accepting a burst"), all that wait when no other worker can accept.
+  A long pass (thousands of a burst's requests to read) also gives the listening socket a turn
+  every ACCEPT_TURN_SECONDS between its events (`_serve`).
 - **A loop that costs more the more it holds.** gthread's main loop asked every pending request
   whether it had finished (`futures.wait` over all of them, a lock each) on every pass: with
   thousands of requests waiting for a thread, each pass cost milliseconds of the interpreter
@@ -104,6 +106,11 @@ ACCEPT_SLACK_FLOOR = 32
 # Idle kept-alive connections, and silent ones, a worker that holds `worker_connections` closes
 # per pass of its loop while connections wait in the listen queue (`_make_room`).
 EVICT_BATCH = 64
+# How long a pass of the loop handles events between two turns of the listening sockets
+# (`_serve`). A burst fills the listen queue at 20,000 connections a second and more (3,000-3,700
+# waiting 0.15 s after its start), so about a hundred arrive between two turns; a turn that finds
+# none costs one accept() and no more, and a pass shorter than this (a kept-alive load's) none.
+ACCEPT_TURN_SECONDS = 0.005
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
@@ -1241,12 +1248,33 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         with self._lock:
             for sock in self.sockets:
                 if wanted:
-                    self.poller.register(
-                        sock, selectors.EVENT_READ, partial(self.accept, sock.getsockname())
-                    )
+                    self.poller.register(sock, selectors.EVENT_READ, self._acceptors[sock])
                 else:
                     self.poller.unregister(sock)
         self._listening = wanted
+
+    @cached_property
+    def _acceptors(self) -> dict[Any, Any]:
+        """What the poller calls for each listening socket when it is readable (gthread's
+        `accept`, given the socket's address)."""
+        return {sock: partial(self.accept, sock.getsockname()) for sock in self.sockets}
+
+    def _serve(self, events: list[tuple[Any, int]]) -> None:
+        """A pass's events, the listening sockets given a turn (`accept`, within the balance
+        rule, while the worker has room) each time the pass has spent ACCEPT_TURN_SECONDS on
+        them. In a burst a pass handles hundreds or thousands of events, each waiting behind the
+        request threads for the interpreter lock (150-300 µs each, passes of 0.05-1 s); accepting
+        only between passes, both workers let the kernel's listen queue overflow at the burst's
+        start, and its clients sent again after their back-off (docs/benchmarks.md, "Accepting
+        in a long pass")."""
+        turn = clock() + ACCEPT_TURN_SECONDS
+        for key, _ in events:
+            key.data(key.fileobj)
+            if clock() >= turn:
+                turn = clock() + ACCEPT_TURN_SECONDS
+                if self._room():
+                    for sock, acceptor in self._acceptors.items():
+                        acceptor(sock)
 
     def run(self) -> None:
         for sock in self.sockets:
@@ -1260,9 +1288,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self._ready_to_accept(room)
                 self._forget_silent()
                 self._listen(room and may_accept(self._holds(), self._others(), ACCEPT_SLACK))
-                events = self.poller.select(self._poll_seconds())
-                for key, _ in events:
-                    key.data(key.fileobj)
+                self._serve(self.poller.select(self._poll_seconds()))
                 if not self.is_parent_alive():
                     break
                 self.murder_keepalived()

@@ -145,6 +145,51 @@ def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
         _close_all(worker, *clients, listener)
 
 
+def test_a_long_pass_gives_the_listener_a_turn_between_its_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a burst one pass of the loop handles thousands of events; a worker that accepted once
+    per pass let the listen queue overflow meanwhile. Once a pass has handled events for
+    ACCEPT_TURN_SECONDS the listening socket gets a turn, within the balance rule and only
+    while the worker has room; a pass that takes no time asks the listener nothing."""
+    worker = _loop_of_one_worker(monkeypatch, [])
+    now = [100.0]
+    monkeypatch.setattr(webworker, "clock", lambda: now[0])
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    listener.setblocking(False)
+    worker.sockets = [listener]
+    clients = [socket.create_connection(listener.getsockname(), timeout=10) for _ in range(3)]
+    seen: list[int] = []  # connections the worker held as each event was handled
+
+    def pass_of(events: int, seconds_each: float) -> None:
+        def handled(_: Any) -> None:
+            seen.append(worker.nr_conns)
+            now[0] += seconds_each
+
+        worker._serve([(SimpleNamespace(data=handled, fileobj=None), 0)] * events)
+
+    try:
+        wait_for(lambda: _waiting(listener) == 3, "the 3 connections in the listen queue")
+        pass_of(50, 0.0)  # no time passes: the listener waits for the next pass
+        assert seen == [0] * 50 and _waiting(listener) == 3
+
+        seen.clear()
+        worker._no_room_until = now[0] + 60  # no descriptor left: no turn
+        pass_of(4, webworker.ACCEPT_TURN_SECONDS)
+        assert seen == [0] * 4 and _waiting(listener) == 3
+
+        seen.clear()
+        worker._no_room_until = None
+        pass_of(4, webworker.ACCEPT_TURN_SECONDS / 2)  # a turn after every second event
+        assert seen == [0, 0, 3, 3]
+        clients.append(socket.create_connection(listener.getsockname(), timeout=10))
+        wait_for(lambda: _waiting(listener) == 1, "one more in the listen queue")
+        pass_of(4, webworker.ACCEPT_TURN_SECONDS / 2)
+        assert seen[4:] == [3, 3, 4, 4] and worker._holds() == 4
+    finally:
+        _close_all(worker, *clients, listener)
+
+
 class _NoRoom:
     """A listening socket whose accept() finds no descriptor left in the process."""
 
