@@ -107,15 +107,15 @@ ACCEPT_SLACK_FLOOR = 32
 # per pass of its loop while connections wait in the listen queue (`_make_room`).
 EVICT_BATCH = 64
 # How long a pass of the loop handles events between two turns of the listening sockets
-# (`_serve`). A burst fills the listen queue at 20,000 connections a second and more (3,000-3,700
-# waiting 0.15 s after its start), so about a hundred arrive between two turns; a turn that finds
-# none costs one accept() and no more, and a pass shorter than this (a kept-alive load's) none.
+# (`_serve`): short against the time a burst takes to fill the listen queue (measured in
+# docs/benchmarks.md, "Accepting in a long pass"). A turn that finds nobody costs one failed
+# accept() per listening socket; a pass shorter than this takes no turn.
 ACCEPT_TURN_SECONDS = 0.005
 IDLE_POLL_SECONDS = 0.01  # how soon a worker that stopped accepting looks at the others again
 # A connection accepted and not yet read counts among what its worker holds (its request is on
 # the way) for at most this long: one that sends nothing stops counting, so it cannot steer.
 SILENT_SECONDS = 1.0
-clock = time.monotonic  # what SILENT_SECONDS is counted by (tests set it)
+clock = time.monotonic  # what the loop's times are counted by (tests set it)
 # Container objects allocated (net of those freed) between two collections of the youngest
 # generation of Python's collector in a web worker (Python 3.11's own: 700); 0 leaves the
 # collector as Python sets it. Measured in docs/benchmarks.md ("The collector").
@@ -1262,16 +1262,16 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _serve(self, events: list[tuple[Any, int]]) -> None:
         """A pass's events, the listening sockets given a turn (`accept`, within the balance
         rule, while the worker has room) each time the pass has spent ACCEPT_TURN_SECONDS on
-        them. In a burst a pass handles hundreds or thousands of events, each waiting behind the
-        request threads for the interpreter lock (150-300 µs each, passes of 0.05-1 s); accepting
-        only between passes, both workers let the kernel's listen queue overflow at the burst's
-        start, and its clients sent again after their back-off (docs/benchmarks.md, "Accepting
-        in a long pass")."""
+        them. In a burst a pass handles thousands of events, each behind the request threads for
+        the interpreter lock; accepting only between passes, the workers let the kernel's listen
+        queue overflow, and its clients sent again after their back-off (docs/benchmarks.md,
+        "Accepting in a long pass")."""
         turn = clock() + ACCEPT_TURN_SECONDS
         for key, _ in events:
             key.data(key.fileobj)
-            if clock() >= turn:
-                turn = clock() + ACCEPT_TURN_SECONDS
+            now = clock()
+            if now >= turn:
+                turn = now + ACCEPT_TURN_SECONDS
                 if self._room():
                     for sock, acceptor in self._acceptors.items():
                         acceptor(sock)
