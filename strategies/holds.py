@@ -6,10 +6,10 @@ whatever the client side costs. It is an upper bound: a thread wakes some time a
 that after the COMMIT.
 
 `steps.grab_transaction` calls `began()` at its start and `released()` at its end; inside it,
-`steps.read_for_grab` (locking), `steps.read_for_batch` and `steps.take_from_surplus` call
-`taken()` as they return, the first call starting the clock (`GrabTransaction.commit_with_grabs`
-sends its query after one of them). Outside a grab transaction (the
-persister's own) nothing is counted. Two clock reads and one short lock per transaction.
+`steps.read_for_grab` (locking), `steps.read_for_batch`, `steps.take_from_surplus` and the
+decrement of `GrabTransaction.commit_with_grabs` call `taken()` as they return, the first call
+starting the clock. Outside a grab transaction (the persister's own) nothing is counted. Two
+clock reads and one short lock per transaction.
 """
 
 import threading

@@ -24,8 +24,9 @@ want to update the row deadlock. So every writer takes the activity row exclusiv
 decrement, or SELECT … FOR UPDATE) before it inserts a detail. Claiming a pre-split packet
 changes its status, not its foreign key's index (activity_id) of its own (migration 0006), so a
 claim takes no lock on the activity row: a batch claims its packets first, and holds the
-activity's row only for the decrement, the insert and the commit (`record_grabs`); the insert
-and the commit go to MySQL as one query (`GrabTransaction.commit_with_grabs`).
+activity's row only for the decrement, the insert and the commit (`record_grabs`). On the
+request path the claim and the decrement go to MySQL as one query, the insert and the commit as
+another (`GrabTransaction.commit_with_grabs`): the row is held for one round trip.
 """
 
 import re
@@ -206,21 +207,24 @@ class GrabTransaction:
 
     def commit_with_grabs(
         self, *, activity_id: int, rows: list[GrabRow], row_locked: bool = False
-    ) -> None:
-        """Take the rows' packets and cents from the surplus, insert the rows, and commit.
+    ) -> bool:
+        """Claim the rows' pre-split packets, take the rows' packets and cents from the surplus,
+        insert the rows, and commit. False when a packet was not available: the transaction is
+        then rolled back at once (nothing of it can commit) and the caller answers for it.
 
-        On MySQL, in the transaction's own START TRANSACTION, the statements that end it go as
-        one multi-statement query with the COMMIT (`commit_with_grabs_sql`): each statement
-        folded in is a round trip fewer under the activity's row lock. Inside shards.atomic(),
-        take_from_surplus and insert_grab_rows; the block commits.
+        On MySQL, in the transaction's own START TRANSACTION, the statements go in as few
+        queries as the outcome allows, each a round trip fewer: the claim and the decrement as
+        one (`claim_then_take_sql`, in the lock order above), then the INSERT and the COMMIT as
+        one (`commit_with_grabs_sql`). Inside shards.atomic(), claim_packets, take_from_surplus
+        and insert_grab_rows; the block commits.
 
-        That query is sent only while this transaction holds the activity's row. If the
+        The COMMIT's query is sent only while this transaction holds the activity's row. If the
         connection drops before MySQL has even read it (a network path that gave up on the
         client's side), MySQL may still run it, COMMIT and all; `written_row`, which asks
         behind the row's lock, then waits for it, and its answer stays final. So `row_locked`
-        (the caller's lookup locked the row: group_commit) sends the decrement in the query;
-        otherwise the decrement goes first, on its own, and takes the row, and the INSERT and
-        COMMIT follow in one query.
+        (the caller's lookup locked the row: group_commit, which has no packets to claim)
+        sends the decrement in the COMMIT's query; otherwise the decrement goes in the query
+        before, and takes the row.
 
         A statement that fails stops the ones after it: nothing is committed, and
         grab_transaction rolls back. The connection dropped before the last reply: the outcome
@@ -228,21 +232,29 @@ class GrabTransaction:
         """
         if self.committed or not rows:
             raise RuntimeError("a grab transaction commits once, with at least one row")
+        claims = [row for row in rows if row.packet_id is not None]
         if self.wrapper is None:
+            if claims and not claim_packets(activity_id=activity_id, rows=claims):
+                return False
             take_and_insert(activity_id=activity_id, rows=rows)
-            return
-        if row_locked and not self.begun:
+            return True
+        if row_locked and (claims or not self.begun):
             raise RuntimeError("row_locked: a statement of this transaction locked the row")
-        if not row_locked:
-            take_from_surplus(
-                activity_id=activity_id, count=len(rows), cents=sum(r.cents for r in rows)
-            )
         with self.wrapper.cursor() as cursor:
+            if not row_locked:
+                cursor.execute(*claim_then_take_sql(activity_id=activity_id, rows=rows))
+                claimed = claimed_all(cursor, rows)
+                holds.taken()
+                if not claimed:  # the claim's part undone; the decrement did not run
+                    cursor.execute("ROLLBACK")
+                    self.committed = True  # ended: nothing more is sent in it
+                    return False
             cursor.execute(
                 *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
             )
             finish_results(cursor)
         self.committed = True
+        return True
 
 
 def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow], decrement: bool) -> Statement:
@@ -270,6 +282,36 @@ def batch_decrement_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
         version=None,
         open_only=False,
     )
+
+
+def claim_then_take_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
+    """A batch's first writes on MySQL, as one multi-statement query: the claim of its
+    pre-split packets (`claim_packets_sql`; none without them), then the surplus decrement,
+    which takes the activity's row (`batch_decrement_sql`): the lock order above, in one
+    round trip. The decrement runs only when the claim took every packet (its row count, kept
+    in a session variable by the statement between them): a claim that falls short leaves the
+    activity's row untaken and its surplus as it was. Read the results with `claimed_all`;
+    short, the caller rolls back the claim's part."""
+    take, take_params = batch_decrement_sql(activity_id=activity_id, rows=rows)
+    claims = [row for row in rows if row.packet_id is not None]
+    if not claims:
+        return take, take_params
+    claim, claim_params = claim_packets_sql(activity_id=activity_id, rows=claims)
+    # The decrement's statement ends with its WHERE conditions (take_from_surplus_sql).
+    return (
+        f"{claim}; SET @claimed = ROW_COUNT(); {take} AND @claimed = %s",
+        [*claim_params, *take_params, len(claims)],
+    )
+
+
+def claimed_all(cursor: Any, rows: list[GrabRow]) -> bool:
+    """After `claim_then_take_sql`'s query, the cursor on its first result: whether the claim
+    took every pre-split packet of the rows (its row count); the later results are read too
+    (an error of theirs raised here, `finish_results`)."""
+    claims = sum(1 for row in rows if row.packet_id is not None)
+    claimed = cursor.rowcount if claims else 0
+    finish_results(cursor)
+    return claimed == claims
 
 
 def finish_results(cursor: Any) -> None:
@@ -575,23 +617,24 @@ def record_grabs(
     """A batch's writes, as the Redis strategies' group commit makes them (redis_state/rows.py
     `write_grabs`): for pre-split packets one claim of them all, first, before the activity row
     (the lock order above: the row is held for the rest only); then the surplus once and the
-    grab rows in one INSERT. False when a packet was not available (nothing decremented; the
-    caller's transaction must then roll back). Call it inside a transaction; the request-time
-    batches call it before their transaction holds the activity row (the persister's holds it
-    already).
+    grab rows in one INSERT. False when a packet was not available: nothing of the batch may
+    commit (without `commit` nothing was decremented and the caller's transaction must roll
+    back; with it, the transaction is rolled back already). Call it inside a transaction; the
+    request-time batches call it before their transaction holds the activity row (the
+    persister's holds it already).
 
-    `commit`: the grab_transaction it runs in, which the INSERT then ends with its COMMIT
-    (`GrabTransaction.commit_with_grabs`: on MySQL the decrement takes the activity's row, and
-    one more round trip, the INSERT and COMMIT together, releases it). The same statements as
-    `commit_grabs_raw` (the `*_sql` functions), here through the service's connection, where
-    the surplus decrement also starts the row-lock hold's clock (holds.py)."""
+    `commit`: the grab_transaction it runs in, which then makes the writes and commits
+    (`GrabTransaction.commit_with_grabs`: on MySQL the claim and the decrement, which takes the
+    activity's row, in one round trip; one more, the INSERT and COMMIT together, releases it).
+    The same statements as `commit_grabs_raw` (the `*_sql` functions), here through the
+    service's connection, where the decrement also starts the row-lock hold's clock
+    (holds.py)."""
+    if commit is not None:
+        return commit.commit_with_grabs(activity_id=activity_id, rows=rows)
     claims = [row for row in rows if row.packet_id is not None]
     if claims and not claim_packets(activity_id=activity_id, rows=claims):
         return False
-    if commit is not None:
-        commit.commit_with_grabs(activity_id=activity_id, rows=rows)
-    else:
-        take_and_insert(activity_id=activity_id, rows=rows)
+    take_and_insert(activity_id=activity_id, rows=rows)
     return True
 
 
@@ -607,17 +650,13 @@ def commit_grabs_raw(
 ) -> bool:
     """`record_grabs` with its `commit`, on a plain DB-API cursor (MySQL; a strategy's raw_grab
     or raw_batch) inside a transaction (`begin`: START TRANSACTION goes with its first
-    statement, as grab_transaction sends it), without the service's meters: the claim, the
-    surplus (which takes the activity's row), then the INSERT and COMMIT in one round trip.
-    False when a packet was not available (nothing decremented, nothing committed: the caller
-    rolls back)."""
-    claims = [row for row in rows if row.packet_id is not None]
-    if claims:
-        execute_raw(cursor, claim_packets_sql(activity_id=activity_id, rows=claims), begin=begin)
-        if cursor.rowcount != len(claims):
-            return False
-    decrement = batch_decrement_sql(activity_id=activity_id, rows=rows)
-    execute_raw(cursor, decrement, begin=begin and not claims)
+    statement, as grab_transaction sends it), without the service's meters: the claim and the
+    surplus (which takes the activity's row) in one round trip, then the INSERT and COMMIT in
+    one more. False when a packet was not available (nothing committed, nothing decremented:
+    the caller rolls back the claim's part)."""
+    execute_raw(cursor, claim_then_take_sql(activity_id=activity_id, rows=rows), begin=begin)
+    if not claimed_all(cursor, rows):
+        return False
     cursor.execute(*commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=False))
     finish_results(cursor)
     return True

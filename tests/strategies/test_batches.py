@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 from redpack import services
 from redpack.audit import audit_activity
 from redpack.errors import Forbidden, OutcomeUnknown
-from redpack.models import Activity, GrabDetail
+from redpack.models import Activity, GrabDetail, Packet
 from redpack.money import to_cents
 from strategies import registry
 from strategies.base import GrabResult, Outcome
@@ -129,7 +129,8 @@ def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_i
     """The query that commits carries the writes made after the row was taken
     (steps.GrabTransaction.commit_with_grabs): group_commit's lookup locks the row, then the
     surplus UPDATE, the INSERT and COMMIT go as one query; the Redis strategies' UPDATE takes
-    the row, then the INSERT and COMMIT go as one query. START TRANSACTION goes with the
+    the row, then the INSERT and COMMIT go as one query: two queries in all, redis_queue's
+    claim of its packets in the first, ahead of the UPDATE. START TRANSACTION goes with the
     transaction's first statement, in its query."""
     activity = send(sender, strategy)
     users = make_users(2)
@@ -147,7 +148,11 @@ def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_i
     if strategy == "group_commit":
         assert took.endswith("FOR UPDATE") and last.startswith(f"UPDATE {activities} "), sql
     else:
-        assert took.startswith(f"UPDATE {activities} ") and last.startswith("INSERT"), sql
+        claim, _, take = took.rpartition("; ")
+        assert take.startswith(f"UPDATE {activities} ") and last.startswith("INSERT"), sql
+        claims = claim.startswith(f"UPDATE {Packet._meta.db_table} p JOIN ")
+        assert (claims, before) == (strategy == "redis_queue", []), sql
+        assert f"{activities} " not in claim, sql  # the claim leaves the row free
     assert not any(f"{activities} " in q for q in before), sql  # the row is free until `took`
     assert rows_of(activity) == {u.pk: a.amount_cents for u, a in zip(users, answers, strict=True)}  # type: ignore[attr-defined]
     assert_consistent(activity)
