@@ -12,7 +12,8 @@
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
 - `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
 - `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path; its
-  `commit_with_grabs` ends it with a batch's INSERT sent with the COMMIT, in one round trip.
+  `commit_with_grabs` makes a batch's writes and commits: the packets' claim and the decrement
+  in one query, the INSERT and the COMMIT in another.
 
 Every statement goes to the current activity's database (redpack/shards.py: `connection` and
 `atomic()` there), so a strategy runs unchanged on a shard.
@@ -100,15 +101,12 @@ def grab_transaction(
         with wrapper.execute_wrapper(transaction.begin_with):
             yield transaction
     except BaseException:
-        if transaction.open():
-            try:
-                with wrapper.cursor() as cursor:
-                    cursor.execute("ROLLBACK")
-            except DatabaseError:
-                wrapper.close()
+        transaction.roll_back()
         raise
     else:
-        if transaction.begun and not transaction.committed:
+        if transaction.refused:
+            transaction.roll_back()
+        elif transaction.begun and not transaction.committed:
             transaction.check_connection()
             with wrapper.cursor() as cursor:
                 cursor.execute("COMMIT")
@@ -142,6 +140,9 @@ class GrabTransaction:
         self.began_on: Any = None  # the DB-API connection its START TRANSACTION went on
         self.reconnecting = False
         self.committed = False
+        # A claim fell short (commit_with_grabs returned False): the transaction ends in
+        # ROLLBACK, never COMMIT, whatever the caller sends after.
+        self.refused = False
 
     def begin_with(
         self,
@@ -195,6 +196,17 @@ class GrabTransaction:
         """Begun, on the connection still open: a transaction MySQL holds for it."""
         return self.begun and self.wrapper.connection is self.began_on
 
+    def roll_back(self) -> None:
+        """ROLLBACK, if MySQL holds the transaction; a connection that cannot even roll back is
+        closed, which ends the transaction too."""
+        if not self.open():
+            return
+        try:
+            with self.wrapper.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+        except DatabaseError:
+            self.wrapper.close()
+
     def check_connection(self) -> None:
         """A statement after the first goes only on the connection the transaction began on:
         on another (the first closed meanwhile, and MySQL rolled back what it held) it would
@@ -209,8 +221,9 @@ class GrabTransaction:
         self, *, activity_id: int, rows: list[GrabRow], row_locked: bool = False
     ) -> bool:
         """Claim the rows' pre-split packets, take the rows' packets and cents from the surplus,
-        insert the rows, and commit. False when a packet was not available: the transaction is
-        then rolled back at once (nothing of it can commit) and the caller answers for it.
+        insert the rows, and commit. False when a packet was not available: nothing was
+        decremented, and the transaction can only roll back (at grab_transaction's end, or at
+        once if the caller raises); the caller answers for the rows.
 
         On MySQL, in the transaction's own START TRANSACTION, the statements go in as few
         queries as the outcome allows, each a round trip fewer: the claim and the decrement as
@@ -230,11 +243,13 @@ class GrabTransaction:
         grab_transaction rolls back. The connection dropped before the last reply: the outcome
         is unknown, as for any COMMIT (`written_row`).
         """
-        if self.committed or not rows:
+        if self.committed or self.refused or not rows:
             raise RuntimeError("a grab transaction commits once, with at least one row")
         claims = [row for row in rows if row.packet_id is not None]
         if self.wrapper is None:
             if claims and not claim_packets(activity_id=activity_id, rows=claims):
+                connection.set_rollback(True)  # the atomic block ends in a rollback
+                self.refused = True
                 return False
             take_and_insert(activity_id=activity_id, rows=rows)
             return True
@@ -243,12 +258,10 @@ class GrabTransaction:
         with self.wrapper.cursor() as cursor:
             if not row_locked:
                 cursor.execute(*claim_then_take_sql(activity_id=activity_id, rows=rows))
-                claimed = claimed_all(cursor, rows)
-                holds.taken()
-                if not claimed:  # the claim's part undone; the decrement did not run
-                    cursor.execute("ROLLBACK")
-                    self.committed = True  # ended: nothing more is sent in it
+                if not claimed_all(cursor, rows):  # the row was not taken
+                    self.refused = True
                     return False
+                holds.taken()
             cursor.execute(
                 *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
             )
@@ -306,12 +319,21 @@ def claim_then_take_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
 
 def claimed_all(cursor: Any, rows: list[GrabRow]) -> bool:
     """After `claim_then_take_sql`'s query, the cursor on its first result: whether the claim
-    took every pre-split packet of the rows (its row count); the later results are read too
-    (an error of theirs raised here, `finish_results`)."""
+    took every pre-split packet of the rows (its row count). The later results are read too,
+    an error of theirs raised here (`next_result`). A claim that took them all is followed by a
+    decrement that took the activity's row (the last result's row count); otherwise nothing
+    of the batch may commit (RuntimeError): the COMMIT's query goes only while the row is
+    held."""
     claims = sum(1 for row in rows if row.packet_id is not None)
     claimed = cursor.rowcount if claims else 0
-    finish_results(cursor)
-    return claimed == claims
+    taken = cursor.rowcount
+    while next_result(cursor):
+        taken = cursor.rowcount
+    if claimed != claims:
+        return False
+    if taken != 1:
+        raise RuntimeError(f"the batch's decrement took {taken} activity rows, not one")
+    return True
 
 
 def finish_results(cursor: Any) -> None:
@@ -618,8 +640,8 @@ def record_grabs(
     `write_grabs`): for pre-split packets one claim of them all, first, before the activity row
     (the lock order above: the row is held for the rest only); then the surplus once and the
     grab rows in one INSERT. False when a packet was not available: nothing of the batch may
-    commit (without `commit` nothing was decremented and the caller's transaction must roll
-    back; with it, the transaction is rolled back already). Call it inside a transaction; the
+    commit (nothing was decremented; without `commit` the caller's transaction must roll back,
+    with it the transaction can only roll back). Call it inside a transaction; the
     request-time batches call it before their transaction holds the activity row (the
     persister's holds it already).
 
@@ -781,7 +803,8 @@ def claim_packets(*, activity_id: int, rows: list[GrabRow]) -> bool:
     not (the caller's transaction must then roll back).
 
     The packets are the batch's alone (Redis popped them), so it runs before the activity row
-    is taken (the module docstring's lock order); `record_grabs` calls it first. On MySQL one
+    is taken (the module docstring's lock order): first in `record_grabs`, and on the request
+    path in the decrement's query (`claim_then_take_sql`). On MySQL one
     raw statement (`claim_packets_sql`); elsewhere the ORM's equivalent.
     """
     if connection.vendor == "mysql":

@@ -158,16 +158,26 @@ def test_a_batch_holds_the_activity_row_for_one_query_after_the_one_that_takes_i
     assert_consistent(activity)
 
 
-@pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
-def test_a_batch_whose_commit_reply_was_lost_is_answered_from_mysql(
-    strategy, mysql_proxy, make_users, sender
+@pytest.mark.parametrize(
+    ("strategy", "lost"),
+    [
+        *[(strategy, b"COMMIT") for strategy in ["group_commit", "redis_queue", "redis_counter"]],
+        ("redis_queue", b"SET surplus_count"),
+        ("redis_counter", b"SET surplus_count"),
+    ],
+)
+def test_a_batch_whose_write_lost_its_reply_is_answered_from_mysql(
+    strategy, lost, mysql_proxy, make_users, sender
 ):
-    """COMMIT reached MySQL, its reply did not: the whole batch committed, and every member
-    hears what MySQL holds."""
+    """The reply to one of the batch's queries is lost and its connection dropped. COMMIT's:
+    the whole batch committed, and every member hears what MySQL holds. The Redis strategies'
+    first write's (the surplus UPDATE that takes the row, `redis_queue`'s claim of its packets
+    before it in its query): MySQL rolls that transaction back with its connection, nothing of
+    it committed, and each member is then written on its own, on a new connection."""
     activity = send(sender, strategy)
     users = make_users(2)
     connection.ensure_connection()
-    mysql_proxy.drop_reply(b"COMMIT")
+    mysql_proxy.drop_reply(lost)
     answers = run_batch(strategy, activity.pk, [u.pk for u in users])
     assert mysql_proxy.fired == 1
     assert [a.outcome for a in answers] == [Outcome.GRABBED] * 2  # type: ignore[attr-defined]

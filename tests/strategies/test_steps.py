@@ -1,6 +1,7 @@
 """The shared steps' multi-row statements (strategies/steps.py), on real MariaDB: a batch's
 packets are claimed all or none, and the values written inline are exactly the grabs'."""
 
+from contextlib import nullcontext
 from decimal import Decimal
 
 import pytest
@@ -99,19 +100,22 @@ def test_a_batch_with_one_bad_claim_reports_it_and_rolls_back_whole(make_users, 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="the request path's raw queries")
 @pytest.mark.parametrize("fault", BAD_CLAIMS)
-def test_a_request_batch_whose_claim_falls_short_commits_nothing(make_users, sender, fault):
+@pytest.mark.parametrize("outer", [False, True])
+def test_a_request_batch_whose_claim_falls_short_commits_nothing(make_users, sender, fault, outer):
     """On the request path the claim and the decrement go as one query
     (GrabTransaction.commit_with_grabs): when the claim falls short, the decrement does not
-    run (the surplus may hold less than the batch asks, the wrong amount's case), and the
-    transaction is rolled back at once. Nothing of it commits, even when the block then ends
-    without an error, and the activity's row is free."""
+    run, so the activity's row is not taken (nor the surplus asked for more than it may hold,
+    the wrong amount's case). Nothing of the transaction commits, even when the block ends
+    without an error; the same inside an outer transaction (the ORM's statements)."""
     activity, rows = a_bad_claim(make_users, sender, fault)
     before = dict(Packet.objects.values_list("pk", "status"))
     surplus = Activity.objects.values_list("surplus_count", "surplus_amount", "version")
     left = surplus.get(pk=activity.pk)
-    with steps.grab_transaction() as grab:
+    with transaction.atomic() if outer else nullcontext(), steps.grab_transaction() as grab:
         assert not grab.commit_with_grabs(activity_id=activity.pk, rows=rows)
         assert _activity_row_is_free(activity.pk)
+        with pytest.raises(RuntimeError):  # and nothing more commits by it
+            grab.commit_with_grabs(activity_id=activity.pk, rows=rows)
     assert dict(Packet.objects.values_list("pk", "status")) == before
     assert surplus.get(pk=activity.pk) == left
     assert not GrabDetail.objects.exists()
