@@ -14,8 +14,10 @@ A grab of an activity the process knows has ended is answered from memory and as
 nothing (redpack/finished.py `answer_now`); it asks this process's copy of the set instead
 (`disabled_locally`), no older than REDPACK_BANS_LOCAL_SECONDS: every change of the set bumps a
 version beside it, which one request reads when the copy is due, and the set is read again
-only when the version moved. Such an answer grants nothing, so a ban reaches it within that
-bound; a grab that could be granted still asks Redis with its request.
+only when the version moved, in the same round trip (`_READ_COPY`). A set of more than
+MAX_COPIED users is not copied: those requests ask Redis, as with Redis away. Such an answer
+grants nothing, so a ban reaches it within that bound; a grab that could be granted still asks
+Redis with its request.
 """
 
 import logging
@@ -33,6 +35,9 @@ logger = logging.getLogger(__name__)
 KEY = "rp:users:disabled"
 VERSION_KEY = "rp:users:disabled:version"  # bumped with every change of KEY (set_disabled, sync)
 MAX_REMEMBERED = 100_000  # answers one process keeps at most (then it starts afresh)
+# Users a process copies the set with at most (`disabled_locally`): a larger set would cost
+# every process its memory and Redis an SMEMBERS of it at each change.
+MAX_COPIED = 100_000
 clock = time.monotonic  # what remembered answers age by (tests set it)
 
 _lock = threading.Lock()
@@ -67,6 +72,16 @@ def set_disabled(user_id: int, disabled: bool) -> None:
     command = "SADD" if disabled else "SREM"
     get_redis_connection("default").eval(_SET_DISABLED, 2, KEY, VERSION_KEY, user_id, command)
     _remember(user_id, disabled, clock())
+
+
+# A due copy's one round trip: the version alone while it is the copy's (ARGV[1]); else the
+# version and the members, or false for them when the set names more than ARGV[2] users.
+_READ_COPY = """
+local version = redis.call('GET', KEYS[2])
+if version == ARGV[1] then return {version} end
+if redis.call('SCARD', KEYS[1]) > tonumber(ARGV[2]) then return {version, false} end
+return {version, redis.call('SMEMBERS', KEYS[1])}
+"""
 
 
 @dataclass(frozen=True)
@@ -106,20 +121,22 @@ def _read_copy(copy: _Copy | None, now: float) -> _Copy | None:
         return copy  # read by the request this one waited for
     if copy is None and now < _unreadable_until:
         return None
+    known = copy.version if copy is not None and copy.version is not None else b""
     try:
-        client = get_redis_connection("default")
-        version = client.get(VERSION_KEY)
-        if copy is not None and version is not None and version == copy.version:
-            _copy = _Copy(copy.members, version, now)
-        else:
-            pipe = client.pipeline(transaction=True)
-            pipe.get(VERSION_KEY)
-            pipe.smembers(KEY)
-            version, members = pipe.execute()
-            _copy = _Copy(frozenset(int(m) for m in members), version, now)
+        reply = get_redis_connection("default").eval(
+            _READ_COPY, 2, KEY, VERSION_KEY, known, MAX_COPIED
+        )
     except RedisError as exc:
         logger.warning("bans: the set is not readable now: %s", exc)
         _copy, _unreadable_until = None, now + settings.REDPACK_BANS_LOCAL_SECONDS
+        return _copy
+    if len(reply) == 1 and copy is not None:  # the version did not move
+        _copy = _Copy(copy.members, reply[0], now)
+    elif reply[1] is None:
+        logger.info("bans: the set names more than %d users: not copied", MAX_COPIED)
+        _copy, _unreadable_until = None, now + settings.REDPACK_BANS_LOCAL_SECONDS
+    else:
+        _copy = _Copy(frozenset(int(m) for m in reply[1]), reply[0], now)
     return _copy
 
 

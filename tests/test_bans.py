@@ -151,6 +151,29 @@ def test_with_redis_away_the_process_copy_cannot_say_and_is_not_asked_again_at_o
     assert bans.disabled_locally(user.pk) is False  # Redis back, once the interval is over
 
 
+def test_a_set_too_large_to_copy_is_not_copied_until_it_is_small_again(
+    settings, monkeypatch, make_users
+):
+    """Past bans.MAX_COPIED users, no process copies the set: disabled_locally cannot say (the
+    request asks Redis itself) and reads nothing more within the interval; once the set is
+    small enough again, the copy is back."""
+    first, second, third = make_users(3)
+    now = [500.0]
+    monkeypatch.setattr(bans, "clock", lambda: now[0])
+    monkeypatch.setattr(bans, "MAX_COPIED", 1)
+    bans.set_disabled(first.pk, True)
+    bans.set_disabled(second.pk, True)
+    assert bans.disabled_locally(third.pk) is None
+    with monkeypatch.context() as within:
+        asked: list[object] = []
+        within.setattr(bans, "_read_copy", lambda *args: asked.append(args))
+        assert bans.disabled_locally(third.pk) is None
+        assert asked == []
+    bans.set_disabled(second.pk, False)
+    now[0] += settings.REDPACK_BANS_LOCAL_SECONDS
+    assert [bans.disabled_locally(u.pk) for u in (first, second, third)] == [True, False, False]
+
+
 @pytest.mark.parametrize("how", ["deactivated", "deleted"])
 def test_refresh_is_refused(how, make_users):
     (user,) = make_users(1, balance="0")  # a user with a wallet cannot be deleted
