@@ -106,7 +106,8 @@ def test_a_request_batch_whose_claim_falls_short_commits_nothing(make_users, sen
     (GrabTransaction.commit_with_grabs): when the claim falls short, the decrement does not
     run, so the activity's row is not taken (nor the surplus asked for more than it may hold,
     the wrong amount's case). Nothing of the transaction commits, even when the block ends
-    without an error; the same inside an outer transaction (the ORM's statements)."""
+    without an error; the same inside an outer transaction (statement by statement, in Django's
+    transaction)."""
     activity, rows = a_bad_claim(make_users, sender, fault)
     before = dict(Packet.objects.values_list("pk", "status"))
     surplus = Activity.objects.values_list("surplus_count", "surplus_amount", "version")
