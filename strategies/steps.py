@@ -123,6 +123,11 @@ class GrabRow:
     packet_id: int | None = None
 
 
+def claims_of(rows: list[GrabRow]) -> list[GrabRow]:
+    """The rows that claim a pre-split packet (t_redpack) as they are written."""
+    return [row for row in rows if row.packet_id is not None]
+
+
 class GrabTransaction:
     """What `grab_transaction` yields: the transaction, and its end with a batch's writes."""
 
@@ -245,7 +250,7 @@ class GrabTransaction:
         """
         if self.committed or self.refused or not rows:
             raise RuntimeError("a grab transaction commits once, with at least one row")
-        claims = [row for row in rows if row.packet_id is not None]
+        claims = claims_of(rows)
         if self.wrapper is None:
             if claims and not claim_packets(activity_id=activity_id, rows=claims):
                 connection.set_rollback(True)  # the atomic block ends in a rollback
@@ -306,7 +311,7 @@ def claim_then_take_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
     activity's row untaken and its surplus as it was. Read the results with `claimed_all`;
     short, the caller rolls back the claim's part."""
     take, take_params = batch_decrement_sql(activity_id=activity_id, rows=rows)
-    claims = [row for row in rows if row.packet_id is not None]
+    claims = claims_of(rows)
     if not claims:
         return take, take_params
     claim, claim_params = claim_packets_sql(activity_id=activity_id, rows=claims)
@@ -324,7 +329,7 @@ def claimed_all(cursor: Any, rows: list[GrabRow]) -> bool:
     decrement that took the activity's row (the last result's row count); otherwise nothing
     of the batch may commit (RuntimeError): the COMMIT's query goes only while the row is
     held."""
-    claims = sum(1 for row in rows if row.packet_id is not None)
+    claims = len(claims_of(rows))
     claimed = cursor.rowcount if claims else 0
     taken = cursor.rowcount
     while next_result(cursor):
@@ -653,7 +658,7 @@ def record_grabs(
     (holds.py)."""
     if commit is not None:
         return commit.commit_with_grabs(activity_id=activity_id, rows=rows)
-    claims = [row for row in rows if row.packet_id is not None]
+    claims = claims_of(rows)
     if claims and not claim_packets(activity_id=activity_id, rows=claims):
         return False
     take_and_insert(activity_id=activity_id, rows=rows)
