@@ -325,15 +325,13 @@ def claim_then_take_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
 def claimed_all(cursor: Any, rows: list[GrabRow]) -> bool:
     """After `claim_then_take_sql`'s query, the cursor on its first result: whether the claim
     took every pre-split packet of the rows (its row count). The later results are read too,
-    an error of theirs raised here (`next_result`). A claim that took them all is followed by a
+    an error of theirs raised here (`finish_results`). A claim that took them all is followed by a
     decrement that took the activity's row (the last result's row count); otherwise nothing
     of the batch may commit (RuntimeError): the COMMIT's query goes only while the row is
     held."""
     claims = len(claims_of(rows))
     claimed = cursor.rowcount if claims else 0
-    taken = cursor.rowcount
-    while next_result(cursor):
-        taken = cursor.rowcount
+    taken = finish_results(cursor)
     if claimed != claims:
         return False
     if taken != 1:
@@ -341,11 +339,13 @@ def claimed_all(cursor: Any, rows: list[GrabRow]) -> bool:
     return True
 
 
-def finish_results(cursor: Any) -> None:
+def finish_results(cursor: Any) -> int:
     """Read the replies of a multi-statement query's later statements: the error of one that
-    failed is raised here, as Django's cursor raises it from execute (`next_result`)."""
+    failed is raised here, as Django's cursor raises it from execute (`next_result`). Returns
+    the last statement's row count."""
     while next_result(cursor):
         pass
+    return int(cursor.rowcount)
 
 
 def next_result(cursor: Any) -> bool:
