@@ -56,11 +56,25 @@ class Window:
 
     def wait(self, count: int, now: float) -> float | None:
         """None when `count` requests fit the window, else the seconds until it ends (counted in
-        metrics.THROTTLED). A strategy that carries a request's checks finds it over the rate in
-        its script (lua/checks.lua `checked`, the same `count > limit`) and asks this for the
-        wait."""
+        metrics.THROTTLED), and this process remembers the window as over (`known_over`). A
+        strategy that carries a request's checks finds it over the rate in its script
+        (lua/checks.lua `checked`, the same `count > limit`) and asks this for the wait."""
         if count <= self.rate.limit:
             return None
+        _over.note(self.key, count, self.ends_at, now)
+        return self.throttled(now)
+
+    def known_over(self, now: float) -> bool:
+        """Whether this process has already found the window over its limit (`wait`): a
+        window's count only grows until it ends, so every further request in it is over too
+        (while the limit is not raised past the count found), and is answered `throttled`
+        without being counted."""
+        found = _over.count(self.key, now)
+        return found is not None and found > self.rate.limit
+
+    def throttled(self, now: float) -> float:
+        """The seconds until the window ends, for a request over it (counted in
+        metrics.THROTTLED)."""
         metrics.THROTTLED.labels(self.scope).inc()
         return max(1.0, math.ceil(self.ends_at - now))
 
@@ -117,6 +131,8 @@ def hit(scope: str, who: str, rate: Rate) -> float | None:
     """Count one request; None when allowed, else the seconds until the window ends."""
     now = clock()
     current = window(scope, who, rate, now)
+    if current.known_over(now):
+        return current.throttled(now)
     try:
         so_far = count_and_read(current).count or 0
     except RedisError as exc:
@@ -148,3 +164,35 @@ class _LocalCounters:
 
 
 _local = _LocalCounters()
+
+
+class _OverLimit:
+    """The windows this process has found over their limit, until they end: key -> (the count
+    found, the window's end)."""
+
+    MAX_KEPT = 100_000
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.windows: dict[str, tuple[int, float]] = {}
+
+    def note(self, key: str, count: int, ends_at: float, now: float) -> None:
+        with self.lock:
+            if len(self.windows) >= self.MAX_KEPT:
+                self.windows = {k: v for k, v in self.windows.items() if v[1] > now}
+                if len(self.windows) >= self.MAX_KEPT:
+                    return  # that many over their limit at once: the rest are counted in Redis
+            self.windows[key] = (max(count, self.windows.get(key, (0, 0.0))[0]), ends_at)
+
+    def count(self, key: str, now: float) -> int | None:
+        found = self.windows.get(key)
+        return None if found is None or found[1] <= now else found[0]
+
+
+_over = _OverLimit()
+
+
+def forget() -> None:
+    """Drop this process's memory of windows found over their limit (tests)."""
+    global _over
+    _over = _OverLimit()

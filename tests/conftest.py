@@ -45,6 +45,7 @@ def clean_redis() -> Iterator[None]:
     health.forget_verdict()
     bans.forget()
     finished.forget()
+    ratelimit.forget()
     yield
 
 

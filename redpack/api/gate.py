@@ -24,6 +24,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from redpack import bans, finished, metrics, ratelimit
+from redpack.errors import RequestRefused
 from strategies.base import RequestChecks
 
 
@@ -65,6 +66,24 @@ def carried(*, user_id: int, scope: str | None) -> Carried:
         return Carried(RequestChecks(bans.KEY), None, now)
     checks = RequestChecks(bans.KEY, window.key, window.rate.limit, window.expire_seconds)
     return Carried(checks, window, now)
+
+
+def throttled_from_memory(*, user_id: int, scope: str | None) -> float | None:
+    """The wait for a request whose throttle window this process has already found over its
+    limit (ratelimit.Window.known_over), answered without a round trip; None: the request is
+    checked as usual (not known over here, or the process's copy of the bans cannot be read).
+    The ban comes first, as in the scripts: RequestRefused for a user the process's copy of the
+    bans names (bans.disabled_locally)."""
+    now = ratelimit.clock()
+    window = _window(user_id, scope, now)
+    if window is None or not window.known_over(now):
+        return None
+    disabled = bans.disabled_locally(user_id)
+    if disabled is None:
+        return None
+    if disabled:
+        raise RequestRefused(disabled=True)
+    return window.throttled(now)
 
 
 def check(*, user_id: int, scope: str | None = None, activity_id: int | None = None) -> Gate:

@@ -190,16 +190,23 @@ class GrabView(GatedView):
         """A grab of an activity this process knows has ended is answered from memory before
         any round trip (services.grab_answered_from_memory; the hot burst's 99 %): the ban from
         this process's copy of the set, no throttle count for an answer that grants nothing
-        and costs less than the count. Only for a POST: another method is answered 405 after
-        this, and must not count as a grab answered."""
+        and costs less than the count. Else a grab of a user whose throttle window this process
+        has found over its limit is answered 429 at once (gate.throttled_from_memory). Only for
+        a POST: another method is answered 405 after this, and must not count as a grab
+        answered."""
         if request.method != "POST":
             return False
         try:
             self.known = services.grab_answered_from_memory(
                 activity_id=kwargs["pk"], user_id=user_id(request)
             )
+            wait = None
+            if self.known is None:
+                wait = gate.throttled_from_memory(user_id=user_id(request), scope=self.gate_scope)
         except RequestRefused:  # a disabled user, by this process's copy of the bans
             self.refuse_disabled()
+        if wait is not None:
+            self.throttled(request, wait)
         return self.known is not None
 
     def carries_checks(self, kwargs: dict[str, Any]) -> bool:

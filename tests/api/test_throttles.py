@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django_redis import get_redis_connection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
@@ -283,3 +284,55 @@ def test_a_lost_reply_of_the_checks_is_answered_and_a_ban_still_holds(
     assert redis_proxy.fired == 2  # both requests' checks lost their reply
     assert len(ratelimit._local.counts) == counted_here  # a lost gate count made again here
     assert GrabDetail.objects.filter(activity=activity).count() == 1
+
+
+def window_count(user_id: int) -> int:
+    """The grab throttle window's count in Redis (10/min, the tests' rate)."""
+    key = ratelimit.window("grab", str(user_id), ratelimit.Rate(10, 60), ratelimit.clock()).key
+    return int(get_redis_connection("default").get(key) or 0)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "in_script"),
+    [("redis_queue", True), ("group_commit", True), ("pessimistic", False)],
+)
+def test_a_window_found_over_answers_429_from_memory(
+    strategy, in_script, settings, sender, make_users
+):
+    """Once this process has found a user's window over its limit, the user's further grabs in
+    it are answered 429 without a count or a strategy; a limit raised past the count found lets
+    the next one through, and a ban is still answered first (401)."""
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    settings.REDPACK_GRAB_CHECKS_IN_SCRIPT = in_script
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=strategy
+    )
+    user, other = make_users(2)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    grab = f"/api/activities/{activity.pk}/grab/"
+
+    codes = [client.post(grab).status_code for _ in range(11)]
+    assert codes == [200] * 10 + [429]
+    assert window_count(user.pk) == 11  # the eleventh was counted, and found over
+    later = [client.post(grab) for _ in range(5)]
+    assert [answer.status_code for answer in later] == [429] * 5
+    assert {answer.json()["error"]["code"] for answer in later} == {"throttled"}
+    assert all(int(answer["Retry-After"]) >= 1 for answer in later)
+    assert window_count(user.pk) == 11  # answered from memory, not counted
+
+    settings.REDPACK_THROTTLE_RATES = {"grab": "12/min", "send": None}
+    assert client.post(grab).status_code == 200  # counted again: 12, within the new limit
+    assert window_count(user.pk) == 12
+
+    other_client = APIClient()
+    other_client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(other)}")
+    assert other_client.post(grab).status_code == 200  # another user's window: its own
+    user.is_active = False
+    user.save()  # into the bans set (redpack/bans.py)
+    bans.forget()  # this process's copy of the set read again (at most REDPACK_BANS_LOCAL_SECONDS)
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    refused = client.post(grab)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "user_inactive"
+    assert GrabDetail.objects.filter(activity=activity).count() == 2
