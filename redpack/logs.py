@@ -13,6 +13,8 @@ The names in use, so that a log search can rely on them:
                     could not be written to the database (redpack/persist.py; status `retrying`:
                     it is retried, `dead`: it waits in the admin's Persist failures)
 - `task_failed`     task, task_id, error: a Celery task raised
+- `throttled`       scope, window, count, limit: a web process found a rate limit's window over
+                    its limit (once per process and window: its further 429s are not logged)
 
 Every line also carries `request_id` while one is known: the web request's (its X-Request-ID
 header, or one made up; echoed in the response: redpack/api/middleware.py), carried in the
@@ -67,14 +69,16 @@ def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
 
 
-class OneLinePerContendedGrab(logging.Filter):
+class OneLinePerRefusal(logging.Filter):
     """On django.request, which logs every 4xx answer as a WARNING: a 409 (only a grab answers
     one: `contended`) is logged once already, as the `grab_contended` event (`lock_timeout`
     after a lock wait gave up), and in a hot burst there are thousands of them; its second line
-    is dropped. Every other answer is logged as Django logs it."""
+    is dropped. A 429 is said by the `throttled` event, once per process and window
+    (redpack/ratelimit.py), not once per request of a client that keeps sending. Every other
+    answer is logged as Django logs it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return getattr(record, "status_code", None) != 409
+        return getattr(record, "status_code", None) not in (409, 429)
 
 
 class ClientFaultAsWarning(logging.Filter):

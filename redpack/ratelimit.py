@@ -61,7 +61,17 @@ class Window:
         (lua/checks.lua `checked`, the same `count > limit`) and asks this for the wait."""
         if count <= self.rate.limit:
             return None
-        _over.note(self.key, count, self.ends_at, now)
+        if _over.note(self.key, count, self.ends_at, now):
+            logger.warning(
+                "rate limit reached",
+                extra={
+                    "event": "throttled",
+                    "scope": self.scope,
+                    "window": self.key,
+                    "count": count,
+                    "limit": self.rate.limit,
+                },
+            )
         return self.throttled(now)
 
     def known_over(self, now: float) -> bool:
@@ -176,13 +186,16 @@ class _OverLimit:
         self.lock = threading.Lock()
         self.windows: dict[str, tuple[int, float]] = {}
 
-    def note(self, key: str, count: int, ends_at: float, now: float) -> None:
+    def note(self, key: str, count: int, ends_at: float, now: float) -> bool:
+        """Remember the window as over; True when this process had not found it so before."""
         with self.lock:
             if len(self.windows) >= self.MAX_KEPT:
                 self.windows = {k: v for k, v in self.windows.items() if v[1] > now}
                 if len(self.windows) >= self.MAX_KEPT:
-                    return  # that many over their limit at once: the rest are counted in Redis
-            self.windows[key] = (max(count, self.windows.get(key, (0, 0.0))[0]), ends_at)
+                    return False  # that many over their limit at once: the rest count in Redis
+            before = self.windows.get(key)
+            self.windows[key] = (max(count, before[0] if before else 0), ends_at)
+            return before is None
 
     def count(self, key: str, now: float) -> int | None:
         found = self.windows.get(key)

@@ -457,7 +457,7 @@ LOGGING = {
         "plain": {"()": "redpack.logs.PlainFormatter"},
     },
     "filters": {
-        "one_line_per_contended_grab": {"()": "redpack.logs.OneLinePerContendedGrab"},
+        "one_line_per_refusal": {"()": "redpack.logs.OneLinePerRefusal"},
         "client_fault_as_warning": {"()": "redpack.logs.ClientFaultAsWarning"},
     },
     "handlers": {
@@ -482,7 +482,7 @@ LOGGING = {
             name: {"level": env.str("CELERY_TASK_LOG_LEVEL", default="WARNING")}
             for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
         },
-        "django.request": {"filters": ["one_line_per_contended_grab"]},
+        "django.request": {"filters": ["one_line_per_refusal"]},
         "django.security.DisallowedHost": {"filters": ["client_fault_as_warning"]},
         "redpack.persist.failures": {
             "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],

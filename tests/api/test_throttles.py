@@ -2,6 +2,7 @@
 429, a burst gets exactly its rate through, and Redis away is never a 500."""
 
 import json
+import logging
 import threading
 
 import pytest
@@ -336,3 +337,29 @@ def test_a_window_found_over_answers_429_from_memory(
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "user_inactive"
     assert GrabDetail.objects.filter(activity=activity).count() == 2
+
+
+@pytest.mark.parametrize(
+    ("strategy", "in_script"), [("redis_counter", True), ("pessimistic", False)]
+)
+def test_a_client_past_its_limit_is_one_line_per_window(
+    strategy, in_script, settings, sender, make_users, caplog
+):
+    """The `throttled` event once, when this process first finds the window over; not Django's
+    WARNING for each 429 (a client that keeps sending would write one per request)."""
+    settings.REDPACK_THROTTLE_RATES = {"grab": "10/min", "send": None}
+    settings.REDPACK_GRAB_CHECKS_IN_SCRIPT = in_script
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy=strategy
+    )
+    (user,) = make_users(1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    caplog.set_level(logging.INFO)
+    codes = [client.post(f"/api/activities/{activity.pk}/grab/").status_code for _ in range(15)]
+    assert codes == [200] * 10 + [429] * 5
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "throttled"]
+    assert line.levelno == logging.WARNING
+    assert (line.scope, line.count, line.limit) == ("grab", 11, 10)  # type: ignore[attr-defined]
+    assert line.window.startswith(f"rp:rate:grab:{user.pk}:")  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if getattr(r, "status_code", None) == 429]
