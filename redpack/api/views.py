@@ -196,11 +196,11 @@ class GrabView(GatedView):
         answered."""
         if request.method != "POST":
             return False
+        wait = None
         try:
             self.known = services.grab_answered_from_memory(
                 activity_id=kwargs["pk"], user_id=user_id(request)
             )
-            wait = None
             if self.known is None:
                 wait = gate.throttled_from_memory(user_id=user_id(request), scope=self.gate_scope)
         except RequestRefused:  # a disabled user, by this process's copy of the bans
