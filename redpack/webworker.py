@@ -352,7 +352,9 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
     field = None
     if status != 500:
         named = getattr(exc, "hdr", None) if isinstance(exc, http_errors.InvalidHeader) else None
-        if isinstance(named, str) and _HEADER_NAME.fullmatch(named):
+        if named == "SCRIPT_NAME":  # a proxy's CGI-style header (`as_client_error`)
+            field = named
+        elif isinstance(named, str) and _HEADER_NAME.fullmatch(named):
             field = named.title()  # a header gunicorn parsed and refused: CONTENT-LENGTH
         else:  # the other parse errors, and a header line with no name to give
             field = next((f for kind, f in _PARSE_FIELDS if isinstance(exc, kind)), None)
@@ -371,11 +373,20 @@ class ClientRefusals(logging.Filter):
     a head's 8 KB): a client sending malformed requests wrote a line per request into the
     server's error log, as loud as the server's own trouble. They are the client's errors, as
     the answer says (400, 431...): at INFO, as nginx logs them, cut to _MESSAGE_AT_MOST
-    characters."""
+    characters. So is an answer the client did not read in time, one line without the
+    traceback gthread logged it with as an ERROR."""
 
     PREFIX = "Invalid request from ip="
+    # gthread's ERROR, with a traceback, for an answer it could not write within its socket's
+    # timeout (READ_TIMEOUT): a client that does not read what it asked for.
+    UNREAD = "Socket error processing request."
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == self.UNREAD and record.exc_info and record.exc_info[0] is TimeoutError:
+            record.msg = f"a client did not read its answer within {READ_TIMEOUT:g} s: closed"
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
         if record.levelno != logging.WARNING or not str(record.msg).startswith(self.PREFIX):
             return True
         message = record.getMessage()
@@ -397,6 +408,9 @@ class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
         return self.why
 
 
+_CHUNKED_LAST = "a request's Transfer-Encoding ends with chunked (or it has none)"
+
+
 def refused_head(req: Any) -> Refused | None:
     """Why the head of `req`, which gunicorn's parser took, is refused, if it is (RFC 9112):
     an HTTP/1.1 request without a Host, or one with more than one (3.2); a Transfer-Encoding
@@ -405,17 +419,38 @@ def refused_head(req: Any) -> Refused | None:
     hosts = sum(1 for name, _ in req.headers if name == "HOST")
     if hosts > 1 or (hosts == 0 and req.version >= (1, 1)):
         return Refused("HOST", "an HTTP/1.1 request names its host in one Host header")
-    codings = [
-        coding.strip().lower()
-        for name, value in req.headers
-        if name == "TRANSFER-ENCODING"
-        for coding in value.split(",")
-    ]
-    if codings and codings[-1] != "chunked":
-        return Refused(
-            "TRANSFER-ENCODING", "a request's Transfer-Encoding ends with chunked (or it has none)"
-        )
+    codings = [value for name, value in req.headers if name == "TRANSFER-ENCODING"]
+    if codings and _last_coding(codings) != "chunked":
+        return Refused("TRANSFER-ENCODING", _CHUNKED_LAST)
     return None
+
+
+def _last_coding(values: list[str]) -> str | None:
+    """The last transfer coding Transfer-Encoding `values` name, lower-cased, empty list
+    elements passed over (RFC 9110 5.6.1); None when they name none."""
+    codings = [coding.strip().lower() for value in values for coding in value.split(",")]
+    return next((coding for coding in reversed(codings) if coding), None)
+
+
+def as_client_error(exc: BaseException) -> BaseException:
+    """A refusal gunicorn answers with a 5xx that is the client's request's fault, as a 400
+    naming what was wrong (the rest as they are):
+
+    - a Transfer-Encoding gunicorn does not know whose last coding is not chunked (`xchunked`,
+      `chunked;q=1`, an empty one): where its body ends cannot be known, and RFC 9112 6.3 has
+      the server answer 400, as `refused_head` does for `gzip` alone (gunicorn: 501). A coding
+      it does not know before a last chunked one stays 501 Not Implemented (RFC 9112 6.1);
+    - a path outside the SCRIPT_NAME header a proxy this server trusts sent (gunicorn's
+      ConfigurationProblem: 500, as if the server were misconfigured)."""
+    value = str(getattr(exc, "hdr", ""))
+    if (
+        isinstance(exc, http_errors.UnsupportedTransferCoding)
+        and _last_coding([value]) != "chunked"
+    ):
+        return Refused("TRANSFER-ENCODING", f"{_CHUNKED_LAST}, not {value!r}")
+    if isinstance(exc, http_errors.ConfigurationProblem):
+        return Refused("SCRIPT_NAME", str(exc.info))
+    return exc
 
 
 class _Arriving:
@@ -519,6 +554,9 @@ class Arrival:
 # A request line is visible ASCII and spaces, ended by CRLF: a control byte (a bare LF, NUL, a TLS
 # ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head.
 _NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# A line of a head ended by a bare LF (RFC 9112 2.2: lines end with CRLF): its head, which
+# ends with an empty line after a CRLF, would never end.
+_BARE_LF = re.compile(rb"(?<!\r)\n")
 
 
 def _request_line(rest: bytes) -> tuple[bytes, int]:
@@ -541,8 +579,10 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
     Anything odd in a head that has ended (folded lines, a header without a colon, two
     Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
     Transfer-Encoding does: gunicorn's parser refuses it, or takes it and `refused_head` may.
-    Bytes that begin no request, a request line past LINE_BYTES and a head past HEAD_BYTES are
-    INVALID (`refusal`)."""
+    Bytes that begin no request, a request line past LINE_BYTES or without a version (HTTP/0.9),
+    a head with a line ended by LF alone (it would never end: gthread held a thread on it until
+    the request deadline, the loop waited as long and answered 408) and a head past HEAD_BYTES
+    are INVALID (`refusal`)."""
     rest = _past_empty_lines(data)
     if not rest:
         return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
@@ -551,9 +591,12 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
         return Arrival.INVALID, False, 0
     if line_end < 0:
         return (Arrival.INVALID if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0
+    if _no_version(line):
+        return Arrival.INVALID, False, 0
     head_end = rest.find(b"\r\n\r\n", 0, HEAD_BYTES)
     if head_end < 0:
-        return (Arrival.INVALID if len(rest) >= HEAD_BYTES else Arrival.WAIT), False, 0
+        stuck = len(rest) >= HEAD_BYTES or _BARE_LF.search(rest, 0, HEAD_BYTES)
+        return (Arrival.INVALID if stuck else Arrival.WAIT), False, 0
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
     chunked = expect = False
@@ -598,14 +641,25 @@ class _Copy(Unreader):  # type: ignore[misc]
 def refusal(data: bytes) -> http_errors.ParseException:
     """Why the loop refuses the request whose bytes so far are `data` (Arrival.INVALID), as
     gunicorn's parser would say it (`handle_error` answers it): bytes that begin no HTTP request,
-    a request line longer than LINE_BYTES, or a head longer than HEAD_BYTES."""
+    a request line longer than LINE_BYTES or without a version, a line of the head ended by LF
+    alone, or a head longer than HEAD_BYTES."""
     rest = _past_empty_lines(data)
     line, line_end = _request_line(rest)
     if _NOT_A_REQUEST_LINE.search(line):
         return http_errors.InvalidRequestLine(rest[:40].decode("latin1"))
     if line_end < 0:
         return http_errors.LimitRequestLine(len(rest), LINE_BYTES)
+    if _no_version(line):
+        return http_errors.InvalidRequestLine(line[:40].decode("latin1"))
+    if _BARE_LF.search(rest, 0, HEAD_BYTES):
+        return Refused("", "a line of the request's head ends with LF alone, not CRLF")
     return http_errors.LimitRequestHeaders(f"the request's head is longer than {HEAD_BYTES} bytes")
+
+
+def _no_version(line: bytes) -> bool:
+    """Whether a whole request line lacks the three parts of an HTTP/1 one (method, target and
+    version, RFC 9112 3): an HTTP/0.9 `GET /`, whose client sends no head after it."""
+    return line.count(b" ") < 2
 
 
 def _asks_head(data: bytes) -> bool:
@@ -832,6 +886,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         """gunicorn's handling of a request it could not parse (or an error past the app):
         its status, its log and access log line, but the answer in JSON (`error_answer`)."""
         kept = _Kept()
+        exc = as_client_error(exc)
         super().handle_error(req, kept, addr, exc)
         try:
             answer = error_answer(exc, kept.data.split(b"\r\n", 1)[0].decode("latin1"))
@@ -1016,7 +1071,15 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             verdict, expect = Arrival.WAIT, False  # more of a body whose head was read
         else:
             verdict, expect, conn.complete_at = arrival(conn.early, body_bytes=self._body_bytes)
-        if verdict == Arrival.WAIT:
+        if verdict == Arrival.WAIT and kept and not _past_empty_lines(conn.early):
+            # Empty lines alone on a kept-alive connection (RFC 9112 2.2: passed over): it stays
+            # kept alive, where a request deadline closed it unanswered READ_TIMEOUT later and a
+            # pooled client's next request met a closed connection. Its keep-alive starts again;
+            # past EMPTY_LINE_BYTES of them, its 400 (`arrival`, `_Request`).
+            conn.set_timeout()
+            with self._lock:
+                self._keep.append(conn)
+        elif verdict == Arrival.WAIT:
             if kept or begins:  # the deadline of a request under way, from its first byte
                 self._wait(conn, READ_TIMEOUT)
             if expect and not conn.continued:  # the client waits for it before its body

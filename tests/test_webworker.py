@@ -663,10 +663,30 @@ REFUSED_HEADS = [
         b"HTTP/1.1 400 Bad Request",
         "Transfer-Encoding",
     ),
-    (  # a coding it does not know: 501, with its own reason (gunicorn's said Bad Request)
+    (  # 6.3 again, for codings gunicorn does not know (it answered 501): not chunked last
         b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "Transfer-Encoding",
+    ),
+    (
+        b"POST /api/activities/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked;q=1\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "Transfer-Encoding",
+    ),
+    (
+        b"POST /api/activities/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "Transfer-Encoding",
+    ),
+    (  # 6.1: a coding it does not know before chunked: 501, with its own reason (not gunicorn's)
+        b"POST /api/activities/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br, chunked\r\n\r\n",
         b"HTTP/1.1 501 Not Implemented",
         "Transfer-Encoding",
+    ),
+    (  # a trusted proxy's SCRIPT_NAME the path is not under (gunicorn: 500)
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nSCRIPT_NAME: /elsewhere\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "SCRIPT_NAME",
     ),
     (b"GET /" + b"a" * webworker.LINE_BYTES, b"HTTP/1.1 400 Bad Request", "request_line"),
     (
@@ -1117,6 +1137,9 @@ WAIT, READY, INVALID = webworker.Arrival.WAIT, webworker.Arrival.READY, webworke
         (GRAB_HEAD + b"Transfer-Encoding: gzip\r\n\r\n", READY, False),
         (GRAB_HEAD + b"X-Folded: a\r\n b\r\nContent-Length: 5\r\n\r\n", READY, False),
         (b"GET / HTTP/1.1\nHost: x\n\n", INVALID, False),  # bare LF
+        (b"GET / HTTP/1.1\r\nHost: x\n\n", INVALID, False),  # bare LF after the request line
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\n", INVALID, False),  # the empty line's
+        (b"GET /\r\n", INVALID, False),  # HTTP/0.9: no head follows
         (b"\x16\x03\x01\x02\x00\x01\x00", INVALID, False),  # a TLS ClientHello
         (b"GET /\x00 HTTP/1.1\r\n\r\n", INVALID, False),
         (b"GET /" + b"a" * webworker.LINE_BYTES, INVALID, False),  # a request line too long
@@ -1137,16 +1160,23 @@ def test_pieces_of_a_body_do_not_parse_its_head_again() -> None:
 
 
 @pytest.mark.parametrize(
-    "garbage", [b"GET / HTTP/1.1\nHost: x\n\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"]
+    ("garbage", "field"),
+    [
+        (b"GET / HTTP/1.1\nHost: x\n\n", "request_line"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", "request_line"),
+        (b"GET /api/ping/\r\n", "request_line"),
+        (b"GET /api/ping/ HTTP/1.1\r\nHost: x\n\n", "headers"),
+    ],
 )
-def test_bytes_that_begin_no_request_are_refused_at_once(garbage: bytes) -> None:
-    """A bare LF, a TLS ClientHello on the plain port: no head of theirs would ever end (gthread
-    held a thread on them until the request deadline, and closed without a word); here a 400
-    naming the request line, and the end of the connection."""
+def test_bytes_that_begin_no_request_are_refused_at_once(garbage: bytes, field: str) -> None:
+    """A bare LF, a TLS ClientHello on the plain port, an HTTP/0.9 request line: no head of
+    theirs would ever end (gthread held a thread on them until the request deadline, and closed
+    without a word; the loop waited as long and answered 408); here a 400 naming what was wrong,
+    and the end of the connection."""
     with gunicorn(workers=1, threads=1, REDPACK_WEB_READ_TIMEOUT="600") as base:
         status, headers, body = raw_request(base, garbage)
     assert (status, headers["connection"]) == (400, "close")
-    assert list(json.loads(body)["error"]["fields"]) == ["request_line"]
+    assert list(json.loads(body)["error"]["fields"]) == [field]
 
 
 def test_a_body_over_the_limit_gets_no_100_continue_and_its_413_is_not_reset():
@@ -1370,6 +1400,40 @@ def _kept_alive(worker: Any) -> tuple[socket.socket, socket.socket]:
     return server_side, client_side
 
 
+def test_empty_lines_on_a_kept_alive_connection_keep_it_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CRLF a client sends after an answer (RFC 9112 2.2: passed over) leaves the connection
+    kept alive: not closed unanswered READ_TIMEOUT later (a pooled client's next request met a
+    closed connection), and the request that follows, long after, goes to a thread."""
+    worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
+    server_side, client_side = _kept_alive(worker)
+    (conn,) = worker._keep
+    try:
+        client_side.sendall(b"\r\n")
+        wait_for(lambda: webworker._request_waiting(server_side), "the empty line sent")
+        worker.on_client_socket_readable(conn, server_side)
+        assert list(worker._keep) == [conn]
+
+        assert webworker.READ_TIMEOUT is not None
+        now[0] += webworker.READ_TIMEOUT + 1
+        worker._expire_waits()
+        assert list(worker._keep) == [conn] and worker.nr_conns == 1
+        assert server_side.fileno() != -1 and not handed
+
+        client_side.sendall(b"GET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n")
+        wait_for(lambda: webworker._request_waiting(server_side), "the request sent")
+        worker.on_client_socket_readable(conn, server_side)
+        assert [c.early for c in handed] == [
+            b"\r\nGET /api/ping/ HTTP/1.1\r\nHost: redpack\r\n\r\n"
+        ]
+        assert list(worker._keep) == []
+    finally:
+        for handed_conn in handed:
+            handed_conn.sock.close()
+        _close_all(worker, client_side, listener)
+
+
 def test_a_full_worker_closes_its_longest_idle_kept_alive_connections_for_those_that_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1523,3 +1587,32 @@ def test_a_refused_request_is_logged_at_info_and_cut_short(
         worker.tmp.close()
         server_side.close()
         client_side.close()
+
+
+def test_an_answer_its_client_did_not_read_is_one_line_at_info() -> None:
+    """gthread logs an answer it could not write within the socket's timeout (a client that
+    does not read) as an ERROR with a traceback: the client's doing, one line at INFO. Other
+    socket errors stay as they are."""
+    refusals = webworker.ClientRefusals()
+
+    def record(error: BaseException) -> logging.LogRecord:
+        try:
+            raise error
+        except OSError:
+            exc_info = sys.exc_info()
+        return logging.LogRecord(
+            "gunicorn.error", logging.ERROR, __file__, 1, refusals.UNREAD, (), exc_info
+        )
+
+    unread = record(TimeoutError("timed out"))
+    logger = logging.getLogger("gunicorn.error")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        assert refusals.filter(unread)
+    finally:
+        logger.setLevel(level)
+    assert (unread.levelno, unread.exc_info) == (logging.INFO, None)
+    assert unread.getMessage().startswith("a client did not read its answer within ")
+    other = record(OSError(errno.EBADF, "bad file descriptor"))
+    assert refusals.filter(other) and other.levelno == logging.ERROR and other.exc_info
