@@ -409,6 +409,7 @@ class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
 
 
 _CHUNKED_LAST = "a request's Transfer-Encoding ends with chunked (or it has none)"
+_KNOWN_CODINGS = "a request's Transfer-Encoding is chunked, after gzip, deflate or compress if any"
 
 
 def refused_head(req: Any) -> Refused | None:
@@ -419,35 +420,32 @@ def refused_head(req: Any) -> Refused | None:
     hosts = sum(1 for name, _ in req.headers if name == "HOST")
     if hosts > 1 or (hosts == 0 and req.version >= (1, 1)):
         return Refused("HOST", "an HTTP/1.1 request names its host in one Host header")
-    codings = [value for name, value in req.headers if name == "TRANSFER-ENCODING"]
-    if codings and _last_coding(codings) != "chunked":
+    codings = [
+        coding.strip().lower()
+        for name, value in req.headers
+        if name == "TRANSFER-ENCODING"
+        for coding in value.split(",")
+    ]
+    if codings and codings[-1] != "chunked":
         return Refused("TRANSFER-ENCODING", _CHUNKED_LAST)
     return None
-
-
-def _last_coding(values: list[str]) -> str | None:
-    """The last transfer coding Transfer-Encoding `values` name, lower-cased, empty list
-    elements passed over (RFC 9110 5.6.1); None when they name none."""
-    codings = [coding.strip().lower() for value in values for coding in value.split(",")]
-    return next((coding for coding in reversed(codings) if coding), None)
 
 
 def as_client_error(exc: BaseException) -> BaseException:
     """A refusal gunicorn answers with a 5xx that is the client's request's fault, as a 400
     naming what was wrong (the rest as they are):
 
-    - a Transfer-Encoding gunicorn does not know whose last coding is not chunked (`xchunked`,
-      `chunked;q=1`, an empty one): where its body ends cannot be known, and RFC 9112 6.3 has
-      the server answer 400, as `refused_head` does for `gzip` alone (gunicorn: 501). A coding
-      it does not know before a last chunked one stays 501 Not Implemented (RFC 9112 6.1);
-    - a path outside the SCRIPT_NAME header a proxy this server trusts sent (gunicorn's
-      ConfigurationProblem: 500, as if the server were misconfigured)."""
-    value = str(getattr(exc, "hdr", ""))
-    if (
-        isinstance(exc, http_errors.UnsupportedTransferCoding)
-        and _last_coding([value]) != "chunked"
-    ):
-        return Refused("TRANSFER-ENCODING", f"{_CHUNKED_LAST}, not {value!r}")
+    - a transfer coding gunicorn does not know (`xchunked`, `chunked;q=1`, an empty one, `br`
+      before chunked; gunicorn: 501). Last, or in place of chunked, it leaves the body's end
+      unknown, which RFC 9112 6.3 has the server answer 400, as `refused_head` does for `gzip`
+      alone; before a last chunked, 6.1 would have 501, but gunicorn names only the one header
+      it stopped at (`xfoo` then a second header `chunked` reads as `xfoo` alone), so every such
+      request gets the same 400;
+    - a path outside SCRIPT_NAME (a header a proxy this server trusts sent, or the server's own
+      environment's: gunicorn's ConfigurationProblem, 500 as if the server were misconfigured)."""
+    if isinstance(exc, http_errors.UnsupportedTransferCoding):
+        value = str(getattr(exc, "hdr", ""))
+        return Refused("TRANSFER-ENCODING", f"{_KNOWN_CODINGS}, not {value!r}")
     if isinstance(exc, http_errors.ConfigurationProblem):
         return Refused("SCRIPT_NAME", str(exc.info))
     return exc
@@ -554,9 +552,18 @@ class Arrival:
 # A request line is visible ASCII and spaces, ended by CRLF: a control byte (a bare LF, NUL, a TLS
 # ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head.
 _NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-# A line of a head ended by a bare LF (RFC 9112 2.2: lines end with CRLF): its head, which
-# ends with an empty line after a CRLF, would never end.
-_BARE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def _ended_by_lf(rest: bytes, fresh: int | None) -> bool:
+    """Whether the head `rest` begins, without its CRLF CRLF, has ended all the same: an empty
+    line after a line ended by LF alone (RFC 9112 2.2: lines end with CRLF). Only its last
+    `fresh` bytes and the two before them are searched (an end in the earlier ones was found
+    when they came): a slow client's every byte costs the loop a search of what it sent since,
+    not of its whole head."""
+    start = 0 if fresh is None else max(0, len(rest) - fresh - 2)
+    return (
+        rest.find(b"\n\n", start, HEAD_BYTES) >= 0 or rest.find(b"\n\r\n", start, HEAD_BYTES) >= 0
+    )
 
 
 def _request_line(rest: bytes) -> tuple[bytes, int]:
@@ -566,7 +573,7 @@ def _request_line(rest: bytes) -> tuple[bytes, int]:
     return (rest[:line_end] if line_end >= 0 else rest[:LINE_BYTES].removesuffix(b"\r")), line_end
 
 
-def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
+def arrival(data: bytes, *, body_bytes: int, fresh: int | None = None) -> tuple[str, bool, int]:
     """Whether the request whose bytes so far are `data` has arrived: its head, and its body
     when that has a Content-Length of at most `body_bytes` (a longer one is the app's to refuse,
     413; a chunked one the app never reads, 411 or passed over: either goes to a thread at once,
@@ -580,9 +587,10 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
     Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
     Transfer-Encoding does: gunicorn's parser refuses it, or takes it and `refused_head` may.
     Bytes that begin no request, a request line past LINE_BYTES or without a version (HTTP/0.9),
-    a head with a line ended by LF alone (it would never end: gthread held a thread on it until
-    the request deadline, the loop waited as long and answered 408) and a head past HEAD_BYTES
-    are INVALID (`refusal`)."""
+    a head ended after a line ended by LF alone (its CRLF CRLF would never come: gthread held a
+    thread on it until the request deadline, the loop waited as long and answered 408) and a
+    head past HEAD_BYTES are INVALID (`refusal`). `fresh`: how many of the last bytes of `data`
+    came since the last look at it (None: all), where such an end is looked for."""
     rest = _past_empty_lines(data)
     if not rest:
         return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
@@ -595,7 +603,7 @@ def arrival(data: bytes, *, body_bytes: int) -> tuple[str, bool, int]:
         return Arrival.INVALID, False, 0
     head_end = rest.find(b"\r\n\r\n", 0, HEAD_BYTES)
     if head_end < 0:
-        stuck = len(rest) >= HEAD_BYTES or _BARE_LF.search(rest, 0, HEAD_BYTES)
+        stuck = len(rest) >= HEAD_BYTES or _ended_by_lf(rest, fresh)
         return (Arrival.INVALID if stuck else Arrival.WAIT), False, 0
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
@@ -641,8 +649,8 @@ class _Copy(Unreader):  # type: ignore[misc]
 def refusal(data: bytes) -> http_errors.ParseException:
     """Why the loop refuses the request whose bytes so far are `data` (Arrival.INVALID), as
     gunicorn's parser would say it (`handle_error` answers it): bytes that begin no HTTP request,
-    a request line longer than LINE_BYTES or without a version, a line of the head ended by LF
-    alone, or a head longer than HEAD_BYTES."""
+    a request line longer than LINE_BYTES or without a version, a head ended after a line
+    ended by LF alone, or a head longer than HEAD_BYTES."""
     rest = _past_empty_lines(data)
     line, line_end = _request_line(rest)
     if _NOT_A_REQUEST_LINE.search(line):
@@ -651,7 +659,7 @@ def refusal(data: bytes) -> http_errors.ParseException:
         return http_errors.LimitRequestLine(len(rest), LINE_BYTES)
     if _no_version(line):
         return http_errors.InvalidRequestLine(line[:40].decode("latin1"))
-    if _BARE_LF.search(rest, 0, HEAD_BYTES):
+    if _ended_by_lf(rest, None):
         return Refused("", "a line of the request's head ends with LF alone, not CRLF")
     return http_errors.LimitRequestHeaders(f"the request's head is longer than {HEAD_BYTES} bytes")
 
@@ -1070,7 +1078,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         elif len(conn.early) < conn.complete_at:
             verdict, expect = Arrival.WAIT, False  # more of a body whose head was read
         else:
-            verdict, expect, conn.complete_at = arrival(conn.early, body_bytes=self._body_bytes)
+            verdict, expect, conn.complete_at = arrival(
+                conn.early, body_bytes=self._body_bytes, fresh=len(data)
+            )
         if verdict == Arrival.WAIT and kept and not _past_empty_lines(conn.early):
             # Empty lines alone on a kept-alive connection (RFC 9112 2.2: passed over): it stays
             # kept alive, where a request deadline closed it unanswered READ_TIMEOUT later and a

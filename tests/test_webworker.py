@@ -678,9 +678,15 @@ REFUSED_HEADS = [
         b"HTTP/1.1 400 Bad Request",
         "Transfer-Encoding",
     ),
-    (  # 6.1: a coding it does not know before chunked: 501, with its own reason (not gunicorn's)
+    (  # one it does not know before chunked, in the same header or another: the same 400
         b"POST /api/activities/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br, chunked\r\n\r\n",
-        b"HTTP/1.1 501 Not Implemented",
+        b"HTTP/1.1 400 Bad Request",
+        "Transfer-Encoding",
+    ),
+    (
+        b"POST /api/activities/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
         "Transfer-Encoding",
     ),
     (  # a trusted proxy's SCRIPT_NAME the path is not under (gunicorn: 500)
@@ -1139,6 +1145,8 @@ WAIT, READY, INVALID = webworker.Arrival.WAIT, webworker.Arrival.READY, webworke
         (b"GET / HTTP/1.1\nHost: x\n\n", INVALID, False),  # bare LF
         (b"GET / HTTP/1.1\r\nHost: x\n\n", INVALID, False),  # bare LF after the request line
         (b"GET / HTTP/1.1\r\nHost: x\r\n\n", INVALID, False),  # the empty line's
+        (b"GET / HTTP/1.1\r\nHost: x\n\r\n", INVALID, False),  # the last header's
+        (b"GET / HTTP/1.1\r\nHost: x\nX: y", WAIT, False),  # not ended yet
         (b"GET /\r\n", INVALID, False),  # HTTP/0.9: no head follows
         (b"\x16\x03\x01\x02\x00\x01\x00", INVALID, False),  # a TLS ClientHello
         (b"GET /\x00 HTTP/1.1\r\n\r\n", INVALID, False),
@@ -1151,6 +1159,15 @@ def test_the_loop_hands_a_request_over_once_it_has_come(
     data: bytes, verdict: str, expect: bool
 ) -> None:
     assert webworker.arrival(data, body_bytes=10)[:2] == (verdict, expect)
+
+
+def test_a_head_ended_by_lf_alone_is_found_in_the_bytes_that_came_last() -> None:
+    """The loop looks for such an end in the bytes of the last read and the two before them (a
+    slow client's every byte would otherwise cost a search of its whole head): an end split
+    between two reads is found; one in earlier bytes was found when they came."""
+    data = b"GET / HTTP/1.1\r\nHost: x\n\r\n"
+    assert webworker.arrival(data, body_bytes=10, fresh=1)[0] == INVALID
+    assert webworker.arrival(data + b"X", body_bytes=10, fresh=1)[0] == WAIT
 
 
 def test_pieces_of_a_body_do_not_parse_its_head_again() -> None:
