@@ -300,13 +300,13 @@ def _request_waiting(sock: socket.socket) -> bool:
 
 
 # What a request gunicorn could not parse got wrong, named in its JSON answer (`handle_error`):
-# the first entry its exception is an instance of. A bad header names itself (`hdr`).
+# the first entry its exception is an instance of. A bad header names itself (`hdr`); an
+# unknown transfer coding comes as one (`as_client_error`).
 _PARSE_FIELDS: tuple[tuple[type[Exception], str], ...] = (
     (http_errors.LimitRequestLine, "request_line"),
     (http_errors.InvalidRequestLine, "request_line"),
     (http_errors.InvalidRequestMethod, "method"),
     (http_errors.InvalidHTTPVersion, "http_version"),
-    (http_errors.UnsupportedTransferCoding, "Transfer-Encoding"),
     (http_errors.InvalidProxyLine, "proxy_line"),
     (http_errors.ForbiddenProxyRequest, "proxy_line"),
     (http_errors.ParseException, "headers"),
@@ -316,7 +316,6 @@ _ERROR_CODES = {
     403: "forbidden",
     408: "request_timeout",
     431: "request_headers_too_large",
-    501: "not_implemented",
 }
 # gunicorn gives a parsed header's name upper-cased; anything else it gives is a raw line.
 _HEADER_NAME = re.compile(r"[A-Z0-9-]{1,64}")
