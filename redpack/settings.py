@@ -296,6 +296,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "redpack.api.schema.RedpackAutoSchema",
     "EXCEPTION_HANDLER": "redpack.api.errors.exception_handler",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "redpack.api.negotiation.Negotiation",
     "DEFAULT_PARSER_CLASSES": [
         "redpack.api.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",

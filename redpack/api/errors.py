@@ -42,8 +42,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             return response
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
+        field = getattr(exc, "field", None)  # what the refusal names (api/negotiation.py)
         response.data = error_body(
-            codes if isinstance(codes, str) else exc.default_code, str(message)
+            codes if isinstance(codes, str) else exc.default_code,
+            str(message),
+            {field: [str(message)]} if field else None,
         )
     elif isinstance(exc, Http404):
         response.data = error_body("not_found", "not found")

@@ -34,7 +34,7 @@ ERROR_STATUSES = {
     "403": "Authenticated, but not allowed.",
     "404": "No such object.",
     "405": "Method not allowed.",
-    "406": "Not acceptable.",
+    "406": "No answer in the asked `format` or `Accept` type; `fields` names which.",
     "411": "A body sent without its Content-Length (chunked): send its length.",
     "413": "Request body too large.",
     "415": "Unsupported media type.",

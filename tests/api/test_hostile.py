@@ -414,10 +414,43 @@ def test_the_schema_and_its_ui_ignore_a_stale_token_and_answer_their_errors_in_j
     assert client.get("/api/schema/").status_code == 200
     for path in ("/api/docs/?format=json", "/api/schema/?format=xml"):
         refused = client.get(path)
-        assert refused.status_code == 404 and refused["Content-Type"] == "application/json"
-        assert refused.json()["error"]["code"] == "not_found"
+        assert refused.status_code == 406 and refused["Content-Type"] == "application/json"
+        assert list(refused.json()["error"]["fields"]) == ["format"]
     odd = client.get("/api/docs/", HTTP_ACCEPT="application/json")
     assert odd.status_code == 406 and odd["Content-Type"] == "application/json"
+    assert list(odd.json()["error"]["fields"]) == ["Accept"]
+
+
+@pytest.mark.parametrize(
+    ("query", "accept", "field", "offered"),
+    [
+        ("?format=xml", "", "format", "json"),
+        ("?format=" + "x" * 5000, "", "format", "json"),
+        ("", "application/xml", "Accept", "application/json"),
+        ("", "text/csv;q=1, image/*", "Accept", "application/json"),
+    ],
+)
+def test_an_answer_in_a_form_the_path_does_not_give_is_a_406_naming_what_asked(
+    sender, query, accept, field, offered
+):
+    """DRF answered an unknown `?format=` 404, as if the path served nothing, and an Accept it
+    cannot satisfy 406 naming nothing. The grab's refusal comes before anything is taken."""
+    client = client_for(sender)
+    activity = services.activity_send(
+        sender_id=sender.id, total_amount="1.00", total_count=1, strategy="pessimistic"
+    )
+    headers = {"HTTP_ACCEPT": accept} if accept else {}
+    for refused in (
+        client.get(f"/api/ping/{query}", **headers),
+        client.post(f"/api/activities/{activity.id}/grab/{query}", **headers),
+    ):
+        assert refused.status_code == 406, refused.content
+        assert refused["Content-Type"] == "application/json"
+        error = refused.json()["error"]
+        assert error["code"] == "not_acceptable" and list(error["fields"]) == [field]
+        assert offered in error["message"] and len(refused.content) < 1000
+    assert not GrabDetail.objects.filter(activity_id=activity.id).exists()
+    assert client.get("/api/ping/?format=json").json() == {"pong": True}
 
 
 def test_a_refresh_token_whose_claims_cannot_be_signed_again_is_401(sender):
