@@ -15,3 +15,4 @@ class RedpackConfig(AppConfig):
         checks.register()
         signals.connect()
         logs.carry_request_ids()
+        logs.demote_client_refusals()

@@ -82,15 +82,27 @@ class OneLinePerRefusal(logging.Filter):
 
 
 class ClientFaultAsWarning(logging.Filter):
-    """On django.security.DisallowedHost, which Django logs at ERROR with a traceback: a request
-    naming a host this server does not serve is the client's fault, answered 400 like any other
-    bad request (redpack/api/handlers.py), and a scanner sends thousands. One WARNING line each,
-    as django.request logs other 4xx answers, without the traceback."""
+    """On the django.security.<kind> loggers of the refusals redpack/api/handlers.py answers
+    (CLIENT_REFUSALS: a host this server does not serve, too many fields or files, a body too
+    large, a malformed multipart body), which Django logs at ERROR with a traceback: each is the
+    client's fault, answered 400 like any other bad request, and a scanner sends thousands. One
+    WARNING line each, as django.request logs other 4xx answers, without the traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
         return True
+
+
+def demote_client_refusals() -> None:
+    """ClientFaultAsWarning on the logger of each of handlers.CLIENT_REFUSALS. Called once at
+    start-up; again, it adds nothing."""
+    from redpack.api.handlers import CLIENT_REFUSALS
+
+    for kind in CLIENT_REFUSALS:
+        logger = logging.getLogger(f"django.security.{kind.__name__}")
+        if not any(isinstance(known, ClientFaultAsWarning) for known in logger.filters):
+            logger.addFilter(ClientFaultAsWarning())
 
 
 class JsonFormatter(logging.Formatter):

@@ -299,8 +299,8 @@ REST_FRAMEWORK = {
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "redpack.api.negotiation.Negotiation",
     "DEFAULT_PARSER_CLASSES": [
         "redpack.api.parsers.StrictJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "redpack.api.parsers.StrictFormParser",
+        "redpack.api.parsers.StrictMultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "redpack.api.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
@@ -459,7 +459,6 @@ LOGGING = {
     },
     "filters": {
         "one_line_per_refusal": {"()": "redpack.logs.OneLinePerRefusal"},
-        "client_fault_as_warning": {"()": "redpack.logs.ClientFaultAsWarning"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
@@ -484,7 +483,6 @@ LOGGING = {
             for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")
         },
         "django.request": {"filters": ["one_line_per_refusal"]},
-        "django.security.DisallowedHost": {"filters": ["client_fault_as_warning"]},
         "redpack.persist.failures": {
             "handlers": ["persist_failures"] if PERSIST_FAILURE_LOG else [],
         },

@@ -755,6 +755,9 @@ TARGETS = [
     # An absolute URL's host is the request's (RFC 9112 3.2.2), whatever the Host header says.
     (b"GET http://evil.example/api/ping/", 400, "Host", None),
     (b"GET http://127.0.0.1/api/ping/", 401, None, None),  # served: the ping wants its token
+    # No request target has a fragment; read past it, the host was the one after the `@`.
+    (b"GET http://evil.example#@127.0.0.1/api/ping/", 400, "target", None),
+    (b"GET http://127.0.0.1#@evil.example/api/ping/", 400, "target", None),
     (b"GET /API/ping/", 404, None, None),  # paths are case-sensitive; the API's shape anyway
 ]
 

@@ -42,7 +42,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             return response
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
-        field = getattr(exc, "field", None)  # what the refusal names (api/negotiation.py)
+        # What the refusal names (api/negotiation.py, api/parsers.py), or the header DRF found
+        # no parser for.
+        field = getattr(exc, "field", None)
+        if field is None and isinstance(exc, exceptions.UnsupportedMediaType):
+            field = "Content-Type"
         response.data = error_body(
             codes if isinstance(codes, str) else exc.default_code,
             str(message),

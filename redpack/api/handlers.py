@@ -7,7 +7,7 @@ from django.core.exceptions import (
     TooManyFieldsSent,
     TooManyFilesSent,
 )
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.views import defaults
 
 from .errors import error_body
@@ -41,10 +41,27 @@ _REFUSED_PARTS: tuple[tuple[type[Exception], str, str], ...] = (
 )
 
 
+# The kinds above, each the client's fault: Django logs them at ERROR with a traceback
+# (django.security.<kind>), redpack.logs.demote_client_refusals makes them one WARNING line.
+CLIENT_REFUSALS = tuple(kind for kind, _, _ in _REFUSED_PARTS)
+
+
+def _part(request: HttpRequest, exception: Exception, part: str) -> str:
+    """`part`, or `query` for too many fields that the query string holds itself (Django
+    counts the query's fields and the body's against the same limit, in either)."""
+    if isinstance(exception, TooManyFieldsSent):
+        try:
+            QueryDict(request.META.get("QUERY_STRING", ""))
+        except TooManyFieldsSent:
+            return "query"
+    return part
+
+
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _wants_json(request):
         for kind, part, message in _REFUSED_PARTS:
             if isinstance(exception, kind):
+                part = _part(request, exception, part)
                 return JsonResponse(
                     error_body("bad_request", message, {part: [message]}), status=400
                 )

@@ -109,8 +109,10 @@ class RequestTargetMiddleware:
     `*` with another method, or a bare authority (`CONNECT host:443`: this server is no proxy),
     is refused in the API's JSON shape; an absolute URL's own host is the request's host, as
     RFC 9112 3.2.2 asks (the Host header is ignored), and Django checks it against
-    ALLOWED_HOSTS (where it was served under the Host header whatever the URL named). Before,
-    each got Django's HTML 404, or an answer for another host. A path costs one look."""
+    ALLOWED_HOSTS (where it was served under the Host header whatever the URL named); an
+    absolute URL with a fragment is refused naming the target (`http://a#@b/` names host a, not
+    b, and no request target has one). Before, each got Django's HTML 404, or an answer for
+    another host. A path costs one look."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -127,7 +129,10 @@ class RequestTargetMiddleware:
             return _refused(400, "bad_request", "the request target * is for OPTIONS only")
         scheme, sep, rest = target.partition("://")
         if sep and scheme.lower() in ("http", "https"):
-            request.META["HTTP_HOST"] = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+            if "#" in rest:  # an absolute-URI has no fragment (RFC 9112 3.2.2)
+                return _refused(400, "bad_request", "a request target has no fragment (#)")
+            authority = re.split("[/?]", rest, maxsplit=1)[0]
+            request.META["HTTP_HOST"] = authority.rpartition("@")[2]
             return self.get_response(request)
         if request.method == "CONNECT":
             return _refused(405, "method_not_allowed", "CONNECT: this server is not a proxy")

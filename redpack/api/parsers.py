@@ -9,7 +9,10 @@ went wrong, never a 500 later and never a silent choice:
   to encode: 400.
 
 Each names the top-level field that holds the fault, or `body` (an object key that cannot be
-echoed is never named).
+echoed is never named). The form and multipart parsers, DRF's too, are as strict about a field
+given twice (a 400 naming it: Django's QueryDict would hand the view the last value). Every body
+is refused 415 naming `Content-Encoding` when it declares a coding (gzip...): none is decoded
+here, and a body read as identity that says otherwise would be taken for what it is not.
 """
 
 import codecs
@@ -17,8 +20,13 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser, get_encoding  # type: ignore[attr-defined]
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
+from rest_framework.parsers import (  # type: ignore[attr-defined]
+    FormParser,
+    JSONParser,
+    MultiPartParser,
+    get_encoding,
+)
 from rest_framework.utils import json
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -60,6 +68,34 @@ def _repeated(keys: list[str]) -> str:
     raise ValueError("no key is repeated")
 
 
+class CodedBody(UnsupportedMediaType):
+    """415: the body declares a Content-Encoding, which no parser here decodes."""
+
+    field = "Content-Encoding"
+
+    def __init__(self, coding: str) -> None:
+        super().__init__(
+            coding,
+            detail=f"a body in Content-Encoding {coding[:40]!r} is not read here: send it as is",
+        )
+
+
+def _plain_body(parser_context: Any) -> None:
+    """CodedBody unless the request's body is in no coding (or `identity`)."""
+    request = (parser_context or {}).get("request")
+    coding = "" if request is None else request.META.get("HTTP_CONTENT_ENCODING", "")
+    if coding.strip().lower() not in ("", "identity"):
+        raise CodedBody(coding)
+
+
+def _one_value_per_field(fields: Any) -> None:
+    """BodyError naming the first field of a form (a QueryDict or MultiValueDict) that was given
+    more than once."""
+    for name, values in fields.lists():
+        if len(values) > 1:
+            raise BodyError("a field is given more than once", field=str(name))
+
+
 def _where(data: Any, faulty: Callable[[Any], bool]) -> str:
     """The top-level field whose value holds something `faulty`, else `body`."""
     if isinstance(data, dict):
@@ -71,9 +107,18 @@ def _where(data: Any, faulty: Callable[[Any], bool]) -> str:
 
 class StrictJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
-        encoding = get_encoding(parser_context or {})
-        if codecs.lookup(encoding).name not in {"utf-8", "ascii"}:  # ASCII is UTF-8 too
-            raise BodyError(f"JSON is UTF-8, not {encoding}", field="body")
+        _plain_body(parser_context)
+        request = (parser_context or {}).get("request")
+        # The charset as declared: Django drops one it does not know (`charset=bogus`, an empty
+        # one), and the body would then be read as UTF-8 although it says otherwise.
+        declared = None if request is None else request.content_params.get("charset")
+        encoding = get_encoding(parser_context or {}) if declared is None else declared
+        try:
+            known = codecs.lookup(encoding).name
+        except LookupError:
+            known = None
+        if known not in {"utf-8", "ascii"}:  # ASCII is UTF-8 too
+            raise BodyError(f"JSON is UTF-8, not {encoding[:40]!r}", field="body")
         twice: list[tuple[dict[str, Any], str]] = []  # (an object, a key it was given twice)
 
         def one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -107,3 +152,20 @@ class StrictJSONParser(JSONParser):
                 ),
             )
         return data
+
+
+class StrictFormParser(FormParser):
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        _plain_body(parser_context)
+        data = super().parse(stream, media_type, parser_context)
+        _one_value_per_field(data)
+        return data
+
+
+class StrictMultiPartParser(MultiPartParser):
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        _plain_body(parser_context)
+        parsed = super().parse(stream, media_type, parser_context)
+        _one_value_per_field(parsed.data)
+        _one_value_per_field(parsed.files)
+        return parsed

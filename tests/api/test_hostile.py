@@ -1,6 +1,7 @@
 """Bad input and bad actors: clear 4xx, never a 500, never a change in the data."""
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -270,6 +271,88 @@ def test_what_django_refuses_before_a_view_is_answered_in_json_naming_it(sender,
         assert many.status_code == 400, many.content
         assert list(many.json()["error"]["fields"]) == ["body"], many.json()
     assert not Activity.objects.exists()
+
+
+def test_too_many_fields_in_the_query_name_the_query_and_log_one_warning_line(
+    sender, settings, caplog
+):
+    """Django counts the query's fields and the body's against one limit and logs the refusal
+    at ERROR with a traceback; the 400 named the body, wherever the fields were."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 3
+    caplog.set_level(logging.INFO)
+    client = client_for(sender)
+    query = "&".join(f"a{i}=1" for i in range(10))
+    for path in ("/api/me/grabs/", "/api/ping/"):
+        many = client.get(f"{path}?{query}")
+        assert many.status_code == 400, many.content
+        assert list(many.json()["error"]["fields"]) == ["query"], many.json()
+    refused = [r for r in caplog.records if r.name.startswith("django.security.")]
+    assert refused and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
+
+
+def form_body(pairs: list[tuple[str, str]], form: str) -> tuple[str, str]:
+    """(body, Content-Type) of `pairs` as a multipart or urlencoded form, in order."""
+    if form == "urlencoded":
+        return "&".join(f"{n}={v}" for n, v in pairs), "application/x-www-form-urlencoded"
+    parts = [f'--b0\r\nContent-Disposition: form-data; name="{n}"\r\n\r\n{v}\r\n' for n, v in pairs]
+    return "".join(parts) + "--b0--\r\n", "multipart/form-data; boundary=b0"
+
+
+@pytest.mark.parametrize("form", ["multipart", "urlencoded"])
+@pytest.mark.parametrize("field", ["total_amount", "total_count", "strategy"])
+def test_a_form_field_given_twice_is_a_400_naming_it(sender, form, field):
+    """Django's QueryDict hands the view the last value: a send naming `total_amount` twice
+    moved the second amount; a JSON key given twice was already refused."""
+    client = client_for(sender)
+    pairs = [(name, str(value)) for name, value in VALID.items()]
+    before = table_counts()
+    body, content_type = form_body([*pairs, (field, str(VALID[field]))], form)
+    twice = client.post("/api/activities/", body, content_type=content_type)
+    assert twice.status_code == 400, twice.content
+    assert list(twice.json()["error"]["fields"]) == [field]
+    assert table_counts() == before
+    body, content_type = form_body(pairs, form)
+    once = client.post("/api/activities/", body, content_type=content_type)
+    assert once.status_code == 201, once.content
+
+
+@pytest.mark.parametrize("coding", ["gzip", "x-junk", "br, identity"])
+def test_a_body_in_a_content_encoding_is_a_415_naming_it(sender, coding):
+    """No parser here decodes a coding: a body read as identity although it says gzip was taken
+    (and an actually gzipped one refused as bad JSON)."""
+    client = client_for(sender)
+    before = table_counts()
+    coded = client.post("/api/activities/", VALID, format="json", HTTP_CONTENT_ENCODING=coding)
+    assert coded.status_code == 415, coded.content
+    assert list(coded.json()["error"]["fields"]) == ["Content-Encoding"]
+    assert table_counts() == before
+    plain = client.post("/api/activities/", VALID, format="json", HTTP_CONTENT_ENCODING="identity")
+    assert plain.status_code == 201, plain.content
+
+
+@pytest.mark.parametrize("charset", ["bogus-xyz", "", "utf-8x"])
+def test_json_declaring_a_charset_no_codec_knows_is_a_400(sender, charset):
+    """Django drops a charset it cannot look up, and the body was read as UTF-8."""
+    client = client_for(sender)
+    before = table_counts()
+    odd = client.post(
+        "/api/activities/",
+        json.dumps(VALID),
+        content_type=f"application/json; charset={charset}",
+    )
+    assert odd.status_code == 400, odd.content
+    assert list(odd.json()["error"]["fields"]) == ["body"]
+    assert table_counts() == before
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/vnd.api+json", ""])
+def test_a_body_of_a_type_no_parser_reads_is_a_415_naming_content_type(sender, content_type):
+    """DRF's 415 named nothing; an absent Content-Type is refused the same way."""
+    refused = client_for(sender).generic(
+        "POST", "/api/activities/", json.dumps(VALID), content_type=content_type
+    )
+    assert refused.status_code == 415, refused.content
+    assert list(refused.json()["error"]["fields"]) == ["Content-Type"]
 
 
 def test_grab_throttle_answers_429_with_retry_after(
