@@ -12,6 +12,10 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from redpack.errors import RedpackError
 
+# Characters of a client's value (a format, a coding, a charset, a type) named back in an
+# error's message, at most; a field name longer than it is not named (`body` instead).
+ECHOED = 40
+
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
@@ -43,14 +47,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
         # What the refusal names (api/negotiation.py, api/parsers.py), or the header DRF found
-        # no parser for.
-        field = getattr(exc, "field", None)
-        if field is None and isinstance(exc, exceptions.UnsupportedMediaType):
-            field = "Content-Type"
+        # no parser for (its message quoted the header whole).
+        named = getattr(exc, "fields", ())
+        if not named and isinstance(exc, exceptions.UnsupportedMediaType):
+            named = ("Content-Type",)
+            given = str(context["request"].content_type)
+            message = f"no body of type {given[:ECHOED]!r} is read here: send application/json"
         response.data = error_body(
             codes if isinstance(codes, str) else exc.default_code,
             str(message),
-            {field: [str(message)]} if field else None,
+            {name: [str(message)] for name in named} or None,
         )
     elif isinstance(exc, Http404):
         response.data = error_body("not_found", "not found")

@@ -47,8 +47,8 @@ CLIENT_REFUSALS = tuple(kind for kind, _, _ in _REFUSED_PARTS)
 
 
 def _part(request: HttpRequest, exception: Exception, part: str) -> str:
-    """`part`, or `query` for too many fields that the query string holds itself (Django
-    counts the query's fields and the body's against the same limit, in either)."""
+    """`part`, or `query` for too many fields that the query string holds (Django applies the
+    limit to the query's fields and, apart, to a form body's)."""
     if isinstance(exception, TooManyFieldsSent):
         try:
             QueryDict(request.META.get("QUERY_STRING", ""))

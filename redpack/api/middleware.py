@@ -110,9 +110,10 @@ class RequestTargetMiddleware:
     is refused in the API's JSON shape; an absolute URL's own host is the request's host, as
     RFC 9112 3.2.2 asks (the Host header is ignored), and Django checks it against
     ALLOWED_HOSTS (where it was served under the Host header whatever the URL named); an
-    absolute URL with a fragment is refused naming the target (`http://a#@b/` names host a, not
-    b, and no request target has one). Before, each got Django's HTML 404, or an answer for
-    another host. A path costs one look."""
+    absolute URL with a fragment, which RFC 9112's absolute-form does not have, is refused
+    naming the target (`http://a#@b/` names host a, and was served as b's). Before, each got
+    Django's HTML 404, or an answer for another host. A path costs one look (gunicorn drops a
+    path's fragment)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

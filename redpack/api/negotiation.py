@@ -1,7 +1,8 @@
 """DRF's content negotiation, with its refusals naming what they refuse (api/errors.py's
 `fields`): a `?format=` that no renderer of the view has is a 406 naming `format` (DRF answers a
 404, as if the path served nothing), and an Accept header that none satisfies a 406 naming
-`Accept`. Each lists what the path answers in."""
+`Accept`, and `format` too when one was asked for (the two then ask for different things). Each
+lists what the path answers in (in the format asked for)."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -11,15 +12,16 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 
-ECHOED = 40  # characters of an unknown format named back in the refusal, at most
+from .errors import ECHOED
 
 
 class NotAcceptable(exceptions.NotAcceptable):
-    """406, naming the query parameter or header that asked for what no renderer gives."""
+    """406, naming the query parameter or header (or both) that asked for what no renderer
+    gives."""
 
-    def __init__(self, detail: str, *, field: str) -> None:
+    def __init__(self, detail: str, *, fields: tuple[str, ...]) -> None:
         super().__init__(detail)
-        self.field = field
+        self.fields = fields
 
 
 class Negotiation(DefaultContentNegotiation):
@@ -32,7 +34,7 @@ class Negotiation(DefaultContentNegotiation):
             formats = ", ".join(dict.fromkeys(str(renderer.format) for renderer in offered))
             raise NotAcceptable(
                 f"no answer in format {format[:ECHOED]!r} here; this path answers in: {formats}",
-                field=str(self.settings.URL_FORMAT_OVERRIDE),
+                fields=(str(self.settings.URL_FORMAT_OVERRIDE),),
             )
         return found
 
@@ -45,8 +47,14 @@ class Negotiation(DefaultContentNegotiation):
         except NotAcceptable:
             raise
         except exceptions.NotAcceptable as refused:
+            parameter = str(self.settings.URL_FORMAT_OVERRIDE)
+            format = format_suffix or request.query_params.get(parameter)
+            fields: tuple[str, ...] = ("Accept",)
+            if format:  # what the format left (filter_renderers kept at least one)
+                offered = [renderer for renderer in offered if renderer.format == format]
+                fields = ("Accept", parameter)
             types = ", ".join(dict.fromkeys(str(renderer.media_type) for renderer in offered))
             raise NotAcceptable(
                 f"no answer of a type the Accept header takes; this path answers in: {types}",
-                field="Accept",
+                fields=fields,
             ) from refused

@@ -29,16 +29,18 @@ from rest_framework.parsers import (  # type: ignore[attr-defined]
 )
 from rest_framework.utils import json
 
+from .errors import ECHOED
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class BodyError(ParseError):
-    """A body that parsed as JSON but cannot be taken: `field` names where (the exception
-    handler puts the message under it)."""
+    """A body that parsed but cannot be taken: `field` names where (the exception handler puts
+    the message under it); a name longer than errors.ECHOED is not echoed: `body`."""
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
-        self.field = field
+        self.field = field if len(field) <= ECHOED else "body"
 
 
 def _walk(value: Any) -> Iterator[Any]:
@@ -71,12 +73,13 @@ def _repeated(keys: list[str]) -> str:
 class CodedBody(UnsupportedMediaType):
     """415: the body declares a Content-Encoding, which no parser here decodes."""
 
-    field = "Content-Encoding"
+    fields = ("Content-Encoding",)
 
     def __init__(self, coding: str) -> None:
         super().__init__(
             coding,
-            detail=f"a body in Content-Encoding {coding[:40]!r} is not read here: send it as is",
+            detail=f"a body in Content-Encoding {coding[:ECHOED]!r} is not read here: send it "
+            "as is",
         )
 
 
@@ -88,10 +91,14 @@ def _plain_body(parser_context: Any) -> None:
         raise CodedBody(coding)
 
 
-def _one_value_per_field(fields: Any) -> None:
-    """BodyError naming the first field of a form (a QueryDict or MultiValueDict) that was given
-    more than once."""
+def _one_value_per_field(fields: Any, files: Any = None) -> None:
+    """BodyError naming the first field of a form (a QueryDict, with a multipart body's files
+    beside it) that was given more than once, as a value or a file or both (DRF hands the view
+    both as one: the file)."""
     for name, values in fields.lists():
+        if len(values) > 1 or (files is not None and name in files):
+            raise BodyError("a field is given more than once", field=str(name))
+    for name, values in files.lists() if files is not None else ():
         if len(values) > 1:
             raise BodyError("a field is given more than once", field=str(name))
 
@@ -118,7 +125,7 @@ class StrictJSONParser(JSONParser):
         except LookupError:
             known = None
         if known not in {"utf-8", "ascii"}:  # ASCII is UTF-8 too
-            raise BodyError(f"JSON is UTF-8, not {encoding[:40]!r}", field="body")
+            raise BodyError(f"JSON is UTF-8, not {encoding[:ECHOED]!r}", field="body")
         twice: list[tuple[dict[str, Any], str]] = []  # (an object, a key it was given twice)
 
         def one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -166,6 +173,5 @@ class StrictMultiPartParser(MultiPartParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         _plain_body(parser_context)
         parsed = super().parse(stream, media_type, parser_context)
-        _one_value_per_field(parsed.data)
-        _one_value_per_field(parsed.files)
+        _one_value_per_field(parsed.data, parsed.files)
         return parsed

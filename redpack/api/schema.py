@@ -37,7 +37,7 @@ ERROR_STATUSES = {
     "406": "No answer in the asked `format` or `Accept` type; `fields` names which.",
     "411": "A body sent without its Content-Length (chunked): send its length.",
     "413": "Request body too large.",
-    "415": "Unsupported media type.",
+    "415": "A body of a type no parser reads, or in a `Content-Encoding`; `fields` names which.",
     "429": "Too many requests; see the Retry-After header.",
 }
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django_redis import get_redis_connection
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken, RefreshToken
@@ -276,8 +277,8 @@ def test_what_django_refuses_before_a_view_is_answered_in_json_naming_it(sender,
 def test_too_many_fields_in_the_query_name_the_query_and_log_one_warning_line(
     sender, settings, caplog
 ):
-    """Django counts the query's fields and the body's against one limit and logs the refusal
-    at ERROR with a traceback; the 400 named the body, wherever the fields were."""
+    """Django applies its field limit to the query too and logs the refusal at ERROR with a
+    traceback; the 400 named the body, wherever the fields were."""
     settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 3
     caplog.set_level(logging.INFO)
     client = client_for(sender)
@@ -316,6 +317,22 @@ def test_a_form_field_given_twice_is_a_400_naming_it(sender, form, field):
     assert once.status_code == 201, once.content
 
 
+def test_a_form_refusal_names_no_field_too_long_to_echo_and_a_file_counts_as_a_value(sender):
+    client = client_for(sender)
+    before = table_counts()
+    pairs = [(name, str(value)) for name, value in VALID.items()]
+    long_name = "n" * 30_000
+    body, content_type = form_body([*pairs, (long_name, "1"), (long_name, "2")], "urlencoded")
+    named = client.post("/api/activities/", body, content_type=content_type)
+    assert named.status_code == 400 and list(named.json()["error"]["fields"]) == ["body"]
+    assert len(named.content) < 1000
+    upload = SimpleUploadedFile("amount.txt", b"99.00")
+    both = client.post("/api/activities/", {**VALID, "total_amount": ["10.00", upload]})
+    assert both.status_code == 400, both.content
+    assert list(both.json()["error"]["fields"]) == ["total_amount"]
+    assert table_counts() == before
+
+
 @pytest.mark.parametrize("coding", ["gzip", "x-junk", "br, identity"])
 def test_a_body_in_a_content_encoding_is_a_415_naming_it(sender, coding):
     """No parser here decodes a coding: a body read as identity although it says gzip was taken
@@ -345,7 +362,11 @@ def test_json_declaring_a_charset_no_codec_knows_is_a_400(sender, charset):
     assert table_counts() == before
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/vnd.api+json", ""])
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/vnd.api+json", "", "text/" + "x" * 8000],
+    ids=["text", "vendor json", "none", "8000 characters"],
+)
 def test_a_body_of_a_type_no_parser_reads_is_a_415_naming_content_type(sender, content_type):
     """DRF's 415 named nothing; an absent Content-Type is refused the same way."""
     refused = client_for(sender).generic(
@@ -353,6 +374,7 @@ def test_a_body_of_a_type_no_parser_reads_is_a_415_naming_content_type(sender, c
     )
     assert refused.status_code == 415, refused.content
     assert list(refused.json()["error"]["fields"]) == ["Content-Type"]
+    assert len(refused.content) < 1000
 
 
 def test_grab_throttle_answers_429_with_retry_after(
@@ -534,6 +556,20 @@ def test_an_answer_in_a_form_the_path_does_not_give_is_a_406_naming_what_asked(
         assert offered in error["message"] and len(refused.content) < 1000
     assert not GrabDetail.objects.filter(activity_id=activity.id).exists()
     assert client.get("/api/ping/?format=json").json() == {"pong": True}
+
+
+def test_a_format_and_an_accept_that_ask_for_different_answers_are_both_named(sender):
+    """The refusal lists what the format leaves, not every type the path answers in."""
+    client = client_for(sender)
+    for query, accept, left in [
+        ("?format=api", "application/json", "text/html"),
+        ("?format=json", "text/html", "application/json"),
+    ]:
+        refused = client.get(f"/api/me/wallet/{query}", HTTP_ACCEPT=accept)
+        assert refused.status_code == 406, refused.content
+        error = refused.json()["error"]
+        assert sorted(error["fields"]) == ["Accept", "format"]
+        assert error["message"].endswith(f"answers in: {left}")
 
 
 def test_a_refresh_token_whose_claims_cannot_be_signed_again_is_401(sender):
