@@ -60,13 +60,28 @@ class CheckedUserId:
         return super().get_user(validated_token)  # type: ignore[misc]
 
 
-class TokenUserAuthentication(CheckedUserId, JWTStatelessUserAuthentication):
+class SchemeInAnyCase:
+    """simplejwt's token from the Authorization header, its scheme read in any case (RFC 9110
+    11.1: `bearer` and `BEARER` are `Bearer`; simplejwt takes only the case written in
+    AUTH_HEADER_TYPES and answered any other 401 "credentials were not provided")."""
+
+    def get_raw_token(self, header: bytes) -> bytes | None:
+        parts = header.split(None, 1)
+        if parts:
+            schemes = {name.lower(): name for name in api_settings.AUTH_HEADER_TYPES}
+            known = schemes.get(parts[0].decode("latin-1").lower())
+            if known is not None:
+                header = b" ".join([known.encode(), *parts[1:]])
+        return super().get_raw_token(header)  # type: ignore[misc,no-any-return]
+
+
+class TokenUserAuthentication(SchemeInAnyCase, CheckedUserId, JWTStatelessUserAuthentication):
     """The signed token's user, checked by its signature alone (no store asked). The views that
     use it check bans themselves, in their one Redis round trip (redpack/api/gate.py) or in their
     strategy's (strategies/request_checks.py)."""
 
 
-class UserJWTAuthentication(CheckedUserId, JWTAuthentication):
+class UserJWTAuthentication(SchemeInAnyCase, CheckedUserId, JWTAuthentication):
     """simplejwt's token authentication with the user read from the database, for the views
     that need the user's row (sending, the admin's API)."""
 

@@ -439,6 +439,20 @@ def test_token_for_a_user_cannot_grab_for_another(sender, make_users):
     assert list(GrabDetail.objects.values_list("user_id", flat=True)) == [alice.pk]
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_auth_scheme_is_read_in_any_case(sender, scheme):
+    """RFC 9110 11.1: the scheme is case-insensitive; simplejwt took `Bearer` alone."""
+    client = APIClient(raise_request_exception=False)
+    token = AccessToken.for_user(sender)
+    for path in ("/api/ping/", "/api/me/grabs/"):  # a token-only view, one reading the user
+        assert client.get(path, HTTP_AUTHORIZATION=f"{scheme} {token}").status_code == 200
+        assert client.get(path, HTTP_AUTHORIZATION=f"{scheme}\t{token}").status_code == 200
+        alone = client.get(path, HTTP_AUTHORIZATION=scheme)
+        assert alone.status_code == 401
+    other = client.get("/api/ping/", HTTP_AUTHORIZATION=f"Basic {token}")
+    assert other.status_code == 401
+
+
 def test_expired_token_is_401(sender):
     token = AccessToken.for_user(sender)
     token.set_exp(lifetime=-__import__("datetime").timedelta(seconds=1))
