@@ -9,8 +9,9 @@ went wrong, never a 500 later and never a silent choice:
   to encode: 400.
 
 Each names the top-level field that holds the fault, or `body` (an object key that cannot be
-echoed is never named). The form and multipart parsers, DRF's too, are as strict about a field
-given twice (a 400 naming it: Django's QueryDict would hand the view the last value). Every body
+echoed is never named). The form and multipart parsers here (DRF's, subclassed) are as strict
+about a field given twice (a 400 naming it: Django's QueryDict would hand the view the last
+value). Every body
 is refused 415 naming `Content-Encoding` when it declares a coding (gzip...): none is decoded
 here, and a body read as identity that says otherwise would be taken for what it is not.
 """
