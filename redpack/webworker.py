@@ -351,8 +351,8 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
     field = None
     if status != 500:
         named = getattr(exc, "hdr", None) if isinstance(exc, http_errors.InvalidHeader) else None
-        if named == "SCRIPT_NAME":  # a proxy's CGI-style header (`as_client_error`)
-            field = named
+        if isinstance(exc, Refused) and exc.field is not None:
+            field = exc.field  # named as it is (a proxy's CGI-style SCRIPT_NAME)
         elif isinstance(named, str) and _HEADER_NAME.fullmatch(named):
             field = named.title()  # a header gunicorn parsed and refused: CONTENT-LENGTH
         else:  # the other parse errors, and a header line with no name to give
@@ -397,11 +397,14 @@ class ClientRefusals(logging.Filter):
 
 
 class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
-    """A head gunicorn took that RFC 9112 has a server refuse (`refused_head`), saying why."""
+    """A head gunicorn took that RFC 9112 has a server refuse (`refused_head`), saying why;
+    `field`: what its answer names, when not the header `hdr` as headers are named
+    (`error_answer`)."""
 
-    def __init__(self, hdr: str, why: str) -> None:
+    def __init__(self, hdr: str, why: str, *, field: str | None = None) -> None:
         super().__init__(hdr)
         self.why = why
+        self.field = field
 
     def __str__(self) -> str:
         return self.why
@@ -446,7 +449,7 @@ def as_client_error(exc: BaseException) -> BaseException:
         value = str(getattr(exc, "hdr", ""))
         return Refused("TRANSFER-ENCODING", f"{_KNOWN_CODINGS}, not {value!r}")
     if isinstance(exc, http_errors.ConfigurationProblem):
-        return Refused("SCRIPT_NAME", str(exc.info))
+        return Refused("SCRIPT_NAME", str(exc.info), field="SCRIPT_NAME")
     return exc
 
 

@@ -33,10 +33,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = error_body("invalid", "the request is not valid", detail)
-    elif isinstance(exc, exceptions.ParseError):
-        # The body as a whole, or the field a parser named (api/parsers.py BodyError).
-        said = str(exc.detail)
-        response.data = error_body("parse_error", said, {getattr(exc, "field", "body"): [said]})
     elif isinstance(exc, exceptions.APIException):
         said_as: Any = exc.detail
         if isinstance(said_as, dict) and isinstance(said_as.get("code"), str):
@@ -46,10 +42,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             return response
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
-        # What the refusal names (api/negotiation.py, api/parsers.py), or the header DRF found
-        # no parser for (its message quoted the header whole).
+        # What the refusal names (api/negotiation.py, api/parsers.py); else a body that could
+        # not be parsed names the body as a whole, and the header DRF found no parser for its
+        # type (its message quoted the header whole).
         named = getattr(exc, "fields", ())
-        if not named and isinstance(exc, exceptions.UnsupportedMediaType):
+        if not named and isinstance(exc, exceptions.ParseError):
+            named = ("body",)
+        elif not named and isinstance(exc, exceptions.UnsupportedMediaType):
             named = ("Content-Type",)
             given = str(context["request"].content_type)
             message = f"no body of type {given[:ECHOED]!r} is read here: send application/json"

@@ -37,11 +37,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 class BodyError(ParseError):
     """A body that parsed but cannot be taken: `field` names where (the exception handler puts
-    the message under it); a name longer than errors.ECHOED is not echoed: `body`."""
+    the message under its `fields`); a name longer than errors.ECHOED is not echoed: `body`."""
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
-        self.field = field if len(field) <= ECHOED else "body"
+        self.fields = (field if len(field) <= ECHOED else "body",)
 
 
 def _walk(value: Any) -> Iterator[Any]:
