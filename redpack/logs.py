@@ -30,6 +30,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from django.http.multipartparser import MultiPartParserError
+
 # The id of the request (or of the task enqueued by one) this thread is working for.
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -74,10 +76,14 @@ class OneLinePerRefusal(logging.Filter):
     one: `contended`) is logged once already, as the `grab_contended` event (`lock_timeout`
     after a lock wait gave up), and in a hot burst there are thousands of them; its second line
     is dropped. A 429 is said by the `throttled` event, once per process and window
-    (redpack/ratelimit.py), not once per request of a client that keeps sending. Every other
-    answer is logged as Django logs it."""
+    (redpack/ratelimit.py), not once per request of a client that keeps sending. A body a form
+    view (the admin's) could not read as multipart (MultiPartParserError, the client's fault) is
+    one line, without the traceback Django adds. Every other answer is logged as Django logs
+    it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], MultiPartParserError):
+            record.exc_info = record.exc_text = None
         return getattr(record, "status_code", None) not in (409, 429)
 
 

@@ -291,7 +291,7 @@ STORAGES = {
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "redpack.api.auth.UserJWTAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "redpack.api.auth.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "redpack.api.schema.RedpackAutoSchema",

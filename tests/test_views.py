@@ -37,6 +37,15 @@ def test_every_link_of_the_landing_page_answers(client):
     assert '<a href="/">View site</a>' in client.get("/admin/").content.decode()
 
 
+def test_the_landing_page_is_read_with_get_or_head_only(client):
+    assert client.head("/").status_code == 200
+    for method in ("post", "put", "delete", "options", "trace"):
+        refused = getattr(client, method)("/")
+        assert refused.status_code == 405, method
+        assert refused["Allow"] == "GET, HEAD"
+        assert b"<html" not in refused.content
+
+
 def test_the_landing_page_links_locust_and_says_embedded_when_make_run_says_so(client):
     with override_settings(
         REDPACK_LOCUST_URL="http://127.0.0.1:8089/", REDPACK_EMBEDDED="embedded SQLite"

@@ -1,12 +1,19 @@
 """Token authentication without a store (bans: redpack/api/gate.py), and a refresh that refuses
 a deleted user. Every token's user id claim is checked to be one (`user_id_claim`) before it is
 used: a token signed with the server's key but naming no possible user is a 401, not a 500
-(and a `1.5` is not user 1)."""
+(and a `1.5` is not user 1). Each refusal names what it refused (api/errors.py's `fields`): a
+401 of a view reading the Authorization header names it, the token views' 401 the body's fields
+they judged (api/views.py's `FieldsNamed`), a CSRF refusal the cookie, field or header that failed
+(`SessionAuthentication`)."""
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from rest_framework.exceptions import AuthenticationFailed
+from django.http.request import HttpHeaders
+from rest_framework import authentication
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.request import Request
 from rest_framework_simplejwt.authentication import (
     JWTAuthentication,
     JWTStatelessUserAuthentication,
@@ -103,3 +110,33 @@ class RefreshSerializer(TokenRefreshSerializer):
             # A signed claim the new access token copies but cannot be signed with (an `iss`
             # that is not a string): the token is refused, not a 500.
             raise InvalidToken("the token's claims cannot be carried into a new token") from exc
+
+
+def csrf_field(reason: str) -> str:
+    """Which part of a request Django's CSRF check refused, by the start of its reason
+    (django.middleware.csrf's REASON_* and its token messages)."""
+    if reason.startswith("CSRF cookie"):
+        return str(settings.CSRF_COOKIE_NAME)
+    if reason.startswith(("Origin ", "Referer ")):
+        return reason.split(" ", 1)[0]
+    if reason.startswith("CSRF token from POST"):
+        return "csrfmiddlewaretoken"
+    return HttpHeaders.parse_header_name(settings.CSRF_HEADER_NAME) or "X-CSRFToken"
+
+
+class CsrfRefused(PermissionDenied):
+    """DRF's CSRF refusal (403), naming what failed (`csrf_field`)."""
+
+    def __init__(self, refused: PermissionDenied) -> None:
+        super().__init__(refused.detail)
+        self.fields = (csrf_field(str(refused.detail).removeprefix("CSRF Failed: ")),)
+
+
+class SessionAuthentication(authentication.SessionAuthentication):
+    """DRF's, its CSRF refusal naming what failed (`CsrfRefused`)."""
+
+    def enforce_csrf(self, request: Request) -> None:
+        try:
+            super().enforce_csrf(request)
+        except PermissionDenied as exc:
+            raise CsrfRefused(exc) from exc

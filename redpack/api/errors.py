@@ -21,6 +21,21 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
+# A 401: no credentials, or credentials refused (simplejwt's InvalidToken among them).
+AUTHENTICATION_REFUSED = (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)
+
+
+def name_fields(exc: exceptions.APIException, *fields: str) -> None:
+    """Have a refusal raised by DRF or simplejwt, which names nothing, name `fields`."""
+    exc.fields = fields  # type: ignore[attr-defined]
+
+
+def _authenticates(context: dict[str, Any]) -> bool:
+    """Whether the view reads credentials from the request's headers (the token views take
+    theirs from the body, and name its fields themselves: api/views.py)."""
+    return bool(getattr(context.get("request"), "authenticators", ()))
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RedpackError):
         fields = {exc.field: [exc.message]} if exc.field else {}
@@ -34,18 +49,23 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = error_body("invalid", "the request is not valid", detail)
     elif isinstance(exc, exceptions.APIException):
+        # What the refusal names (api/negotiation.py, api/parsers.py, api/auth.py); else a 401
+        # of a view that reads credentials from the request names the Authorization header, a
+        # body that could not be parsed names the body as a whole, and the header DRF found no
+        # parser for its type (its message quoted the header whole).
+        named = tuple(getattr(exc, "fields", ()))
+        if not named and isinstance(exc, AUTHENTICATION_REFUSED) and _authenticates(context):
+            named = ("Authorization",)
         said_as: Any = exc.detail
         if isinstance(said_as, dict) and isinstance(said_as.get("code"), str):
             # simplejwt's errors carry their code and message in a dict (DetailDictMixin): a
             # deactivated user's token is `user_inactive` here as on the token-only views.
-            response.data = error_body(str(said_as["code"]), str(said_as.get("detail", "")))
+            said = str(said_as.get("detail", ""))
+            fields = {name: [said] for name in named}
+            response.data = error_body(str(said_as["code"]), said, fields)
             return response
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
         codes = exc.get_codes()
-        # What the refusal names (api/negotiation.py, api/parsers.py); else a body that could
-        # not be parsed names the body as a whole, and the header DRF found no parser for its
-        # type (its message quoted the header whole).
-        named = getattr(exc, "fields", ())
         if not named and isinstance(exc, exceptions.ParseError):
             named = ("body",)
         elif not named and isinstance(exc, exceptions.UnsupportedMediaType):

@@ -4,10 +4,12 @@ from django.core.exceptions import (
     DisallowedHost,
     RequestDataTooBig,
     SuspiciousMultipartForm,
+    SuspiciousOperation,
     TooManyFieldsSent,
     TooManyFilesSent,
 )
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.http.multipartparser import MultiPartParserError
 from django.views import defaults
 
 from .errors import error_body
@@ -38,12 +40,16 @@ _REFUSED_PARTS: tuple[tuple[type[Exception], str, str], ...] = (
     (TooManyFilesSent, "body", "too many files"),
     (RequestDataTooBig, "body", "request body too large"),
     (SuspiciousMultipartForm, "body", "malformed multipart body"),
+    (MultiPartParserError, "body", "malformed multipart body"),  # as a form view reads it
 )
 
 
-# The kinds above, each the client's fault: Django logs them at ERROR with a traceback
-# (django.security.<kind>), redpack.logs.demote_client_refusals makes them one WARNING line.
-CLIENT_REFUSALS = tuple(kind for kind, _, _ in _REFUSED_PARTS)
+# The kinds above that Django logs at ERROR with a traceback (django.security.<kind>), each the
+# client's fault: redpack.logs.demote_client_refusals makes them one WARNING line. (The last,
+# logged on django.request with its traceback: redpack.logs.OneLinePerRefusal drops it.)
+CLIENT_REFUSALS = tuple(
+    kind for kind, _, _ in _REFUSED_PARTS if issubclass(kind, SuspiciousOperation)
+)
 
 
 def _part(request: HttpRequest, exception: Exception, part: str) -> str:

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from drf_spectacular.authentication import SessionScheme
 from drf_spectacular.contrib.rest_framework_simplejwt import SimpleJWTScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
@@ -28,10 +29,17 @@ class UserJWTScheme(SimpleJWTScheme):
     target_class = "redpack.api.auth.UserJWTAuthentication"
 
 
+class CookieScheme(SessionScheme):
+    """drf-spectacular's session scheme ("cookieAuth") for its subclass whose CSRF refusal
+    names what failed."""
+
+    target_class = "redpack.api.auth.SessionAuthentication"
+
+
 ERROR_STATUSES = {
     "400": "Invalid input; `fields` names each bad field.",
-    "401": "Missing, expired or forged credentials.",
-    "403": "Authenticated, but not allowed.",
+    "401": "Missing, expired or forged credentials; `fields` names where they were read.",
+    "403": "Authenticated, but not allowed; a CSRF refusal's `fields` names what failed.",
     "404": "No such object.",
     "405": "Method not allowed.",
     "406": "No answer in the asked `format` or `Accept` type; `fields` names which.",

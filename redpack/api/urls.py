@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.urls import URLPattern, path
-from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from . import views
 
@@ -32,8 +31,8 @@ urlpatterns = [
     *route("me/wallet/", views.MyWalletView.as_view(), "my-wallet"),
     *route("ping/", views.PingView.as_view(), "ping"),
     *route("strategies/", views.StrategyListView.as_view(), "strategies"),
-    *route("token/", TokenObtainPairView.as_view(), "token-obtain"),
-    *route("token/refresh/", TokenRefreshView.as_view(), "token-refresh"),
+    *route("token/", views.LoginView.as_view(), "token-obtain"),
+    *route("token/refresh/", views.RefreshView.as_view(), "token-refresh"),
     *route("schema/", views.SchemaView.as_view(), "schema"),
     *route("docs/", views.DocsView.as_view(url_name="schema"), "docs"),
 ]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
@@ -13,13 +14,13 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularSwaggerView
 from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework import generics, status
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from redpack import exposition, health, selectors, services
 from redpack.errors import ChecksNotMade, RequestRefused
@@ -28,8 +29,8 @@ from strategies import registry
 from strategies.base import GrabResult, Outcome
 
 from . import gate
-from .auth import TokenUserAuthentication, UserJWTAuthentication
-from .errors import error_body
+from .auth import SessionAuthentication, TokenUserAuthentication, UserJWTAuthentication
+from .errors import error_body, name_fields
 from .pagination import WalletPagination
 from .serializers import (
     ActivityCreateSerializer,
@@ -386,3 +387,30 @@ class HealthDetailsView(APIView):
     def get(self, request: Request) -> Response:
         body, code = health.report()
         return Response(body, status=code)
+
+
+class FieldsNamed:
+    """A token view whose 401 names the body's fields it judged (`named`): the credentials of a
+    login, the refresh token of a refresh."""
+
+    named: tuple[str, ...] = ()
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return super().post(request, *args, **kwargs)  # type: ignore[misc,no-any-return]
+        except AuthenticationFailed as exc:  # InvalidToken among them
+            name_fields(exc, *self.named)
+            raise
+
+
+class LoginView(FieldsNamed, TokenObtainPairView):
+    """Takes a user's credentials and returns an access and refresh JSON web token pair. A
+    401 names both credentials."""
+
+    named = (get_user_model().USERNAME_FIELD, "password")
+
+
+class RefreshView(FieldsNamed, TokenRefreshView):
+    """Takes a refresh token and returns a new access token. A 401 names `refresh`."""
+
+    named = ("refresh",)

@@ -291,6 +291,27 @@ def test_too_many_fields_in_the_query_name_the_query_and_log_one_warning_line(
     assert refused and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
 
 
+@pytest.mark.parametrize("accept", ["application/json", "text/html"])
+def test_a_form_view_given_a_multipart_body_it_cannot_read_answers_400_and_logs_one_line(
+    accept, caplog
+):
+    """The admin's login (a Django form, read before its view by the login throttle): a
+    multipart body without a boundary. Django answered 400 and logged its traceback."""
+    caplog.set_level(logging.INFO)
+    refused = APIClient(raise_request_exception=False).generic(
+        "POST",
+        "/admin/login/",
+        b"username=a&password=b",
+        content_type="multipart/form-data",
+        HTTP_ACCEPT=accept,
+    )
+    assert refused.status_code == 400, refused.content
+    if accept == "application/json":
+        assert list(refused.json()["error"]["fields"]) == ["body"], refused.json()
+    logged = [r for r in caplog.records if r.name == "django.request"]
+    assert len(logged) == 1 and logged[0].levelno == logging.WARNING and not logged[0].exc_info
+
+
 def form_body(pairs: list[tuple[str, str]], form: str) -> tuple[str, str]:
     """(body, Content-Type) of `pairs` as a multipart or urlencoded form, in order."""
     if form == "urlencoded":
@@ -635,15 +656,73 @@ def test_a_path_nothing_serves_is_a_404_in_json_for_the_api_and_for_json_clients
     assert int(missing["Content-Length"]) == len(missing.content)
 
 
-def test_session_auth_keeps_csrf(sender):
+def test_session_auth_keeps_csrf_and_names_what_failed(sender):
     sender.set_password("pass-word-123")
     sender.save()
     client = APIClient(enforce_csrf_checks=True)
     assert client.login(username=sender.username, password="pass-word-123")
     assert client.get("/api/me/grabs/").status_code == 200
-    response = client.post("/api/activities/", VALID, format="json")
-    assert response.status_code == 403
-    assert "CSRF" in response.json()["error"]["message"]
+    token = "a" * 32
+    for cookie, header, named in [
+        (None, None, "csrftoken"),
+        (token, None, "X-Csrftoken"),
+        (token, "b" * 32, "X-Csrftoken"),
+        (token, "short", "X-Csrftoken"),
+    ]:
+        if cookie:
+            client.cookies["csrftoken"] = cookie
+        extra = {} if header is None else {"HTTP_X_CSRFTOKEN": header}
+        response = client.post("/api/activities/", VALID, format="json", **extra)
+        assert response.status_code == 403, (cookie, header)
+        error = response.json()["error"]
+        assert "CSRF" in error["message"] and error["code"] == "permission_denied"
+        assert list(error["fields"]) == [named], (cookie, header, error)
+    answered = client.post("/api/activities/", VALID, format="json", HTTP_X_CSRFTOKEN=token)
+    assert answered.status_code == 201, answered.content
+    assert Activity.objects.count() == 1
+
+
+def test_a_401_names_the_authorization_header_where_the_view_reads_it(sender):
+    """Missing, malformed, forged or expired: the header is named, on the token-only views
+    (the grab, the ping) and on those that read the user's row."""
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="5.00", total_count=5, strategy="redis_counter"
+    )
+    expired = AccessToken.for_user(sender)
+    expired.set_exp(lifetime=-__import__("datetime").timedelta(seconds=1))
+    for header, code in [
+        (None, "not_authenticated"),
+        ("Basic dXNlcjpwdw==", "not_authenticated"),
+        ("Bearer", "bad_authorization_header"),
+        ("Bearer not.a.token", "token_not_valid"),
+        (f"Bearer {expired}", "token_not_valid"),
+    ]:
+        client = APIClient(raise_request_exception=False)
+        if header is not None:
+            client.credentials(HTTP_AUTHORIZATION=header)
+        for response in (
+            client.post(f"/api/activities/{activity.pk}/grab/"),
+            client.get("/api/ping/"),
+            client.get("/api/me/wallet/"),
+            client.post("/api/activities/", VALID, format="json"),
+        ):
+            assert response.status_code == 401, (header, response.content)
+            error = response.json()["error"]
+            assert error["code"] == code, (header, error)
+            assert error["fields"] == {"Authorization": [error["message"]]}, (header, error)
+    assert not GrabDetail.objects.exists()
+
+
+def test_the_token_views_401_names_the_fields_of_the_body_they_judged(sender):
+    client = APIClient(raise_request_exception=False)
+    login = client.post("/api/token/", {"username": sender.username, "password": "no"})
+    assert login.status_code == 401, login.content
+    assert login.json()["error"]["code"] == "no_active_account"
+    assert sorted(login.json()["error"]["fields"]) == ["password", "username"]
+    refresh = client.post("/api/token/refresh/", {"refresh": "not.a.token"}, format="json")
+    assert refresh.status_code == 401, refresh.content
+    assert refresh.json()["error"]["code"] == "token_not_valid"
+    assert list(refresh.json()["error"]["fields"]) == ["refresh"]
 
 
 def test_check_deploy_is_clean_with_production_settings():
