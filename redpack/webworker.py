@@ -44,10 +44,16 @@ unread, and the client was reset: `murder_keepalived`). A request gunicorn itsel
 shape, naming what was wrong, where gthread wrote an HTML page (`error_answer`). Requests a
 client sends without waiting for the answers (HTTP pipelining) are answered in turn, where
 gthread answered the first and closed the connection, the rest unanswered, when its keep-alive
-ran out (`next_request_read`); and empty lines before a request line are passed over, where
-gunicorn answered 400 (`_Request`). A request arrives in the loop, and goes to a thread only once
-all of it is there (`arrival`, `on_client_socket_readable`): gthread gave a connection to a
-thread at its first byte, and slow or partial requests held every thread. Everything else
+ran out (`next_request_read`); and empty lines (CRLF or LF, not a CR alone) before a request
+line are passed over, where gunicorn answered 400 (`_Request`). Where a proxy in front could read
+a request's bytes otherwise than gunicorn 23 did, the worker refuses them (400, the connection
+closed): chunk extensions that are none (`StrictChunkedReader`), a control byte in a header's
+value or around a transfer coding (`refused_head`), a tab or a byte past ASCII in the request
+line (`_NOT_A_REQUEST_LINE`); it reads every option of Connection (`_Request.should_close`), and
+acts on no request whose body was malformed or cut short (`handle_request`). A request arrives
+in the loop, and goes to a thread only once all of it is there (`arrival`,
+`on_client_socket_readable`): gthread gave a connection to a thread at its first byte, and slow
+or partial requests held every thread. Everything else
 (keep-alive, graceful shutdown) is gthread's, but a request must arrive in full within
 READ_TIMEOUT of its first byte, and a new connection must send one within FIRST_BYTE_TIMEOUT
 (gthread waited for both for ever); the kernel hands a connection over only with its first
@@ -90,7 +96,7 @@ from typing import Any
 
 from gunicorn import http, util
 from gunicorn.http import errors as http_errors
-from gunicorn.http.body import ChunkedReader, LengthReader
+from gunicorn.http.body import Body, ChunkedReader, LengthReader
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
@@ -414,16 +420,27 @@ _CHUNKED_LAST = "a request's Transfer-Encoding ends with chunked (or it has none
 _KNOWN_CODINGS = "a request's Transfer-Encoding is chunked, after gzip, deflate or compress if any"
 
 
+# A control byte in a header's value (RFC 9110 5.5: visible characters, obs-text, spaces and
+# tabs only; gunicorn refuses CR, LF and NUL itself).
+_CONTROL_BYTE = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def refused_head(req: Any) -> Refused | None:
     """Why the head of `req`, which gunicorn's parser took, is refused, if it is (RFC 9112):
-    an HTTP/1.1 request without a Host, or one with more than one (3.2); a Transfer-Encoding
-    whose last coding is not chunked, so that where its body ends cannot be known (6.3:
-    gunicorn took `gzip` alone as no body, and what followed as the next request)."""
+    an HTTP/1.1 request without a Host, or one with more than one (3.2); a header's value that
+    holds a control byte (RFC 9110 5.5; gunicorn took `Transfer-Encoding: \\x0bchunked` as
+    chunked, Python's strip() taking the byte for a space, where a proxy may not); a
+    Transfer-Encoding whose last coding is not chunked, so that where its body ends cannot be
+    known (6.3: gunicorn took `gzip` alone as no body, and what followed as the next request),
+    its codings trimmed of spaces and tabs alone (`\\xa0chunked` is no chunked)."""
     hosts = sum(1 for name, _ in req.headers if name == "HOST")
     if hosts > 1 or (hosts == 0 and req.version >= (1, 1)):
         return Refused("HOST", "an HTTP/1.1 request names its host in one Host header")
+    for name, value in req.headers:  # most values are printable ASCII: one quick look
+        if not value.isprintable() and _CONTROL_BYTE.search(value):
+            return Refused(name, "a header's value holds a control byte")
     codings = [
-        coding.strip().lower()
+        coding.strip(" \t").lower()
         for name, value in req.headers
         if name == "TRANSFER-ENCODING"
         for coding in value.split(",")
@@ -506,9 +523,15 @@ def next_request_read(parser: Any) -> bool:
     return bool(_past_empty_lines(parser.unreader.buf.getvalue()))
 
 
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)*")
+
+
 def _past_empty_lines(data: bytes) -> bytes:
-    """What follows the empty lines (CR, LF) `data` begins with: no request begins with them."""
-    return data.lstrip(b"\r\n")
+    """What follows the empty lines (CRLF, or LF alone) `data` begins with: no request begins
+    with them. A CR alone is no line's end (RFC 9112 2.2): what follows it is no request."""
+    if not data.startswith((b"\r", b"\n")):
+        return data
+    return data[_EMPTY_LINES.match(data).end() :]  # type: ignore[union-attr]
 
 
 def _body_buffered(parser: Any) -> bool:
@@ -532,7 +555,7 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
     if inspect.getgeneratorstate(reader.parser) != inspect.GEN_CREATED:
         return False
     copy = _Copy(parser.unreader.buf.getvalue())
-    body = ChunkedReader(SimpleNamespace(parse_headers=parser.mesg.parse_headers), copy)
+    body = StrictChunkedReader(SimpleNamespace(parse_headers=parser.mesg.parse_headers), copy)
     try:
         while body.read(8192):
             pass
@@ -541,6 +564,37 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
             return False  # the rest is on its way
         raise
     return not copy.ran_dry
+
+
+# What may follow a chunk's size on its line (RFC 9112 7.1.1): extensions, each `;` and a name,
+# and `=` and a value (a token or a quoted string) if any, with spaces or tabs around them.
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_CHUNK_EXTENSIONS = re.compile(
+    rb"(?:[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?)*" % (_TOKEN, _TOKEN, _QUOTED)
+)
+
+
+class StrictChunkedReader(ChunkedReader):  # type: ignore[misc]
+    """gunicorn's chunked body reader, with each chunk's extensions checked (RFC 9112 7.1.1):
+    gunicorn read anything between the size and the CRLF as extensions, a bare LF, a NUL or an
+    unended quote included. A proxy that ends the line at the LF (or at the quote's end) sees
+    other chunks than this server: a body that hides a second request from one of them. Such a
+    line is InvalidChunkSize, as a bad size is."""
+
+    def parse_chunk_size(self, unreader: Any, data: bytes | None = None) -> Any:
+        buf = io.BytesIO()
+        if data is not None:
+            buf.write(data)
+        while (line_end := buf.getvalue().find(b"\r\n")) < 0:
+            self.get_data(unreader, buf)  # NoMoreData at the end of the stream, as gunicorn's
+        line = buf.getvalue()[:line_end]
+        semicolon = line.find(b";")
+        if semicolon >= 0:
+            size_end = len(line[:semicolon].rstrip(b" \t"))
+            if not _CHUNK_EXTENSIONS.fullmatch(line, size_end):
+                raise http_errors.InvalidChunkSize(line[:40])
+        return super().parse_chunk_size(unreader, buf.getvalue())
 
 
 class Arrival:
@@ -552,8 +606,13 @@ class Arrival:
 
 
 # A request line is visible ASCII and spaces, ended by CRLF: a control byte (a bare LF, NUL, a TLS
-# ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head.
-_NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# ClientHello's 0x16) says the bytes are no HTTP/1 request, and none will end its head; a tab or
+# a byte past ASCII is no part of a request target (RFC 9112 3.2, 3.3: Python's urlsplit dropped
+# a tab, `/heal\tthz` was /healthz, and a UTF-8 path reached the app as Latin-1 re-encoded).
+_NOT_A_REQUEST_LINE = re.compile(rb"[\x00-\x1f\x7f-\xff]")
+
+
+_LATER_THAN_1_0 = re.compile(rb" HTTP/1\.[1-9]\Z")  # a request line's end: 1.1 and the 1.x after
 
 
 def _ended_by_lf(rest: bytes, fresh: int | None) -> bool:
@@ -621,7 +680,7 @@ def arrival(data: bytes, *, body_bytes: int, fresh: int | None = None) -> tuple[
             chunked = True
         elif name == b"expect":
             expect = value.lower() == b"100-continue"
-    expect = expect and lines[0].endswith(b" HTTP/1.1")
+    expect = expect and _LATER_THAN_1_0.search(lines[0]) is not None
     if chunked or len(lengths) != 1 or not lengths[0].isdigit():
         return Arrival.READY, False, 0
     length = int(lengths[0])
@@ -708,7 +767,8 @@ class _Request(http.Request):  # type: ignore[misc]
     attempt (`_Arriving.empty_lines` counts them; StopIteration, as at a connection's end, and
     `BalancedThreadWorker.handle` puts the connection back in the loop to wait for its request:
     a thread never waits for one). Once such reads bring more than EMPTY_LINE_BYTES in all,
-    gunicorn's 400: a client cannot keep a connection with empty lines alone."""
+    gunicorn's 400: a client cannot keep a connection with empty lines alone. Its chunked body
+    is read by StrictChunkedReader, and its Connection header as a list (`should_close`)."""
 
     def parse(self, unreader: Any) -> Any:
         arriving = unreader.sock
@@ -720,6 +780,27 @@ class _Request(http.Request):  # type: ignore[misc]
         arriving.empty_lines = 0
         unreader.unread(rest if rest else data)
         return super().parse(unreader)
+
+    def set_body_reader(self) -> None:
+        super().set_body_reader()
+        if isinstance(self.body.reader, ChunkedReader):  # type: ignore[has-type]
+            self.body = Body(StrictChunkedReader(self, self.unreader))
+
+    def should_close(self) -> bool:
+        """gunicorn's, reading every option of every Connection header (RFC 9110 7.6.1: a
+        list): gunicorn read the first header's value whole, and `keep-alive, close` or a
+        second header's `close` kept the connection open."""
+        if self.must_close:
+            return True
+        kept = False
+        for name, value in self.headers:
+            if name == "CONNECTION":
+                for option in value.split(","):
+                    option = option.strip(" \t").lower()
+                    if option == "close":
+                        return True
+                    kept = kept or option == "keep-alive"
+        return not kept and bool(self.version <= (1, 0))
 
 
 class _RequestParser(http.RequestParser):  # type: ignore[misc]
@@ -777,6 +858,7 @@ class _Conn(TConn):  # type: ignore[misc]
     complete_at = 0  # the length of `early` at which its request's body will be there
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
+    ended = False  # its client shut down its side: nothing more will come
 
     def init(self) -> None:
         fresh = self.parser is None  # type: ignore[has-type]
@@ -877,12 +959,20 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         # its answer; not again after the loop's; not for a body the app will refuse unread.
         continued, conn.continued = conn.continued, False
         expect = req.version < (1, 1) or continued
-        read = True  # all of its body read with its head (a malformed one: never)
+        read = True  # all of its body read with its head
         if self._gathers:
             try:
                 read = _body_buffered(conn.parser)
-            except (http_errors.ParseException, OSError):
-                read = False
+            except (http_errors.ParseException, OSError) as exc:  # never acted on
+                conn.linger = True
+                raise Refused("", "the request's chunked body is malformed", field="body") from exc
+            reader = conn.parser.mesg.body.reader
+            if not read and conn.ended and isinstance(reader, LengthReader):
+                # Its client shut down its side before all of the body came (the loop waits
+                # for a Content-Length's body, and hands it over then): never acted on either,
+                # where the grab and the ping, which read no body, ran as if it were whole.
+                why = f"the body ended before its Content-Length ({reader.length} bytes)"
+                raise Refused("CONTENT-LENGTH", why)
         if not read:
             # Longer than the loop reads, or chunked (`arrival`): the app answers without
             # reading it (413, 411, or the grab's and ping's own answer), and the connection
@@ -1076,7 +1166,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         # At the end of the stream (a client that shut down its side after sending), what came
         # is all there is: the thread answers it, or finds it cut short.
         if not data:
-            verdict, expect = Arrival.READY, False
+            verdict, expect, conn.ended = Arrival.READY, False, True
         elif len(conn.early) < conn.complete_at:
             verdict, expect = Arrival.WAIT, False  # more of a body whose head was read
         else:

@@ -694,6 +694,48 @@ REFUSED_HEADS = [
         b"HTTP/1.1 400 Bad Request",
         "SCRIPT_NAME",
     ),
+    (  # a control byte in a header's value; one Python's strip() took for a space (gunicorn:
+        # chunked, where a proxy may see no chunked body), and a byte past ASCII before it
+        b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nX-Note: a\x01b\r\n\r\n",
+        b"HTTP/1.1 400 Bad Request",
+        "X-Note",
+    ),
+    *(
+        (
+            b"POST /api/ping/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: %schunked%s\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" % around,
+            b"HTTP/1.1 400 Bad Request",
+            "Transfer-Encoding",
+        )
+        for around in [(b"\x0b", b""), (b"\x1f", b""), (b"\xa0", b""), (b"", b"\x85")]
+    ),
+    *(  # chunks a proxy may read otherwise: an extension that is none, a size that is none
+        (
+            b"POST /api/ping/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunks
+            + b"0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request",
+            "body",
+        )
+        for chunks in [
+            b"2;\nab\r\n",
+            b"2;\x00\r\nab\r\n",
+            b"2; a=\x7f\r\nab\r\n",
+            b'2;a="open\r\nab\r\n',
+            b"2;\r\nab\r\n",
+            b"2;=1\r\nab\r\n",
+            b"zz\r\nab\r\n",
+        ]
+    ),
+    *(  # a request line with a tab, a byte past ASCII, a CR alone before it
+        (line + b"\r\nHost: x\r\n\r\n", b"HTTP/1.1 400 Bad Request", "request_line")
+        for line in [
+            b"GET /heal\tthz HTTP/1.1",
+            b"GET /api/\xc3\xa9 HTTP/1.1",
+            b"\rGET /healthz HTTP/1.1",
+            b"\r\n\rGET /healthz HTTP/1.1",
+        ]
+    ),
     (b"GET /" + b"a" * webworker.LINE_BYTES, b"HTTP/1.1 400 Bad Request", "request_line"),
     (
         b"GET /api/ping/ HTTP/1.1\r\nHost: x\r\nX: " + b"a" * webworker.HEAD_BYTES,
@@ -1060,6 +1102,48 @@ def test_a_malformed_chunked_body_closes_its_connection_at_once():
         webworker.next_request_read(parser)
 
 
+CHUNK_EXTENSIONS = [
+    b"5;name\r\nhello\r\n",
+    b"5 ; name = value ;q=1\r\nhello\r\n",
+    b'5;name="a \\"quoted\\" value; with = signs"\r\nhello\r\n',
+]
+
+
+@pytest.mark.parametrize("chunk", CHUNK_EXTENSIONS)
+def test_chunk_extensions_as_the_rfc_writes_them_are_passed_over(chunk: bytes) -> None:
+    with _one_connection() as sock:
+        sock.sendall(
+            b"POST /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunk
+            + b"0\r\n\r\nGET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        assert Answers(sock).until_closed() == [401, 404]
+
+
+@pytest.mark.parametrize(
+    "connection",
+    [
+        b"Connection: keep-alive, close\r\n",
+        b"Connection: TE, close\r\nTE: trailers\r\n",
+        b"Connection: keep-alive\r\nConnection: close\r\n",
+        b"Connection: Close \r\n",
+    ],
+)
+def test_close_among_the_connection_options_closes_the_connection(connection: bytes) -> None:
+    """RFC 9110 7.6.1: Connection is a list. gunicorn read the first header's value whole,
+    kept such a connection open and answered the request behind it."""
+    with _one_connection() as sock:
+        sock.sendall(
+            b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + connection
+            + b"\r\nGET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        answers = Answers(sock)
+        status, headers, _ = answers.next()
+        assert (status, headers["connection"]) == (401, "close")
+        assert answers.until_closed() == []
+
+
 def test_an_http_1_0_request_gets_no_100_continue():
     """HTTP/1.0 has no interim answers: the first line it reads is its answer's."""
     with _one_connection() as sock:
@@ -1220,15 +1304,23 @@ def test_a_body_over_the_limit_gets_no_100_continue_and_its_413_is_not_reset():
         assert answers.read() == b""  # the end, not a reset
 
 
-@pytest.mark.parametrize("behind", [b"", b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"])
-def test_a_request_that_asks_for_100_continue_gets_one(behind: bytes) -> None:
+@pytest.mark.parametrize(
+    ("behind", "version"),
+    [
+        (b"", b"1.1"),
+        (b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b"1.1"),
+        (b"", b"1.2"),  # a later 1.x, answered as 1.1
+    ],
+)
+def test_a_request_that_asks_for_100_continue_gets_one(behind: bytes, version: bytes) -> None:
     """The loop sends it (or the thread, for a request read with the one before it: pipelined),
     and the request goes to a thread once its body has come: one 100 Continue, then the
     answer."""
     body = b'{"username": "nobody", "password": "x"}'
     head = (
-        b"POST /api/token/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n" % len(body)
+        b"POST /api/token/ HTTP/%s\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+        % (version, len(body))
     )
     with _one_connection() as sock:
         sock.sendall(behind + head)

@@ -1,5 +1,9 @@
 """Django-level error views: JSON under /api/ (the DRF handler's shape), HTML elsewhere."""
 
+from django.contrib.admin.exceptions import (
+    DisallowedModelAdminLookup,
+    DisallowedModelAdminToField,
+)
 from django.core.exceptions import (
     DisallowedHost,
     RequestDataTooBig,
@@ -41,6 +45,8 @@ _REFUSED_PARTS: tuple[tuple[type[Exception], str, str], ...] = (
     (RequestDataTooBig, "body", "request body too large"),
     (SuspiciousMultipartForm, "body", "malformed multipart body"),
     (MultiPartParserError, "body", "malformed multipart body"),  # as a form view reads it
+    (DisallowedModelAdminToField, "query", "the admin does not look objects up by that field"),
+    (DisallowedModelAdminLookup, "query", "the admin does not filter by that lookup"),
 )
 
 

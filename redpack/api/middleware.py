@@ -189,9 +189,9 @@ class RequestSizeLimitMiddleware:
             return JsonResponse(body, status=411)
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and length > limit:
-            return JsonResponse(
-                error_body("too_large", f"request body over {limit} bytes"), status=413
-            )
+            message = f"request body over {limit} bytes"
+            body = error_body("too_large", message, {"Content-Length": [message]})
+            return JsonResponse(body, status=413)
         if reads_body and length and not _whole_body(request, length):
             message = f"the body ended before its Content-Length ({length} bytes)"
             body = error_body("bad_request", message, {"Content-Length": [message]})

@@ -93,6 +93,42 @@ def test_a_body_cut_short_of_its_content_length_is_400_and_moves_no_money(sender
     assert Activity.objects.count() == 1
 
 
+GRAB_BODIES = [
+    # (the framing headers and the body sent, the field the 400 names): the client then closes
+    # its side, or (malformed) not
+    (b"Content-Length: 10\r\n\r\nabc", True, "Content-Length"),
+    (b"Transfer-Encoding: chunked\r\n\r\nzz\r\nGARBAGE\r\n", False, "body"),
+    (b"Transfer-Encoding: chunked\r\n\r\n2;\nab\r\n0\r\n\r\n", False, "body"),
+]
+
+
+@pytest.mark.parametrize(("framed", "end", "field"), GRAB_BODIES)
+def test_a_grab_whose_body_is_cut_short_or_malformed_is_400_and_grabs_nothing(
+    sender, make_users, framed, end, field
+):
+    """The grab reads no body, and ran on a request whose body its client never finished (its
+    Content-Length), or whose chunks were malformed (where a proxy may see another request in
+    them): a 400 naming the framing, before the view; the same grab framed whole is taken."""
+    (grabber,) = make_users(1)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="redis_counter"
+    )
+    head = (
+        f"POST /api/activities/{activity.pk}/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {AccessToken.for_user(grabber)}\r\n"
+    ).encode()
+    with gunicorn(workers=1, threads=2) as base:
+        status, headers, answer = raw_request(base, head + framed, end=end)
+        assert status == 400, answer
+        assert list(json.loads(answer)["error"]["fields"]) == [field]
+        assert headers["connection"] == "close"
+        whole, _, _ = raw_request(base, head + b"Content-Length: 2\r\n\r\n{}", end=True)
+    assert whole == 200
+    assert list(GrabDetail.objects.filter(activity=activity).values_list("user", flat=True)) == [
+        grabber.pk
+    ]
+
+
 @pytest.mark.parametrize("target", [b"//api/ping/", b"//api/nothing", b"/metrics/"])
 def test_a_path_near_the_apis_is_answered_in_json(target):
     """A doubled slash before the API's paths, a slash after the metrics' path."""

@@ -188,7 +188,22 @@ def test_oversized_body_is_413(sender):
     )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "too_large"
+    assert list(response.json()["error"]["fields"]) == ["Content-Length"]
     assert not Activity.objects.exists()
+
+
+def test_an_admin_lookup_it_does_not_allow_is_a_400_logged_as_one_line(admin_client, caplog):
+    """Django logs each at ERROR with a traceback (django.security.DisallowedModelAdmin*)."""
+    caplog.set_level(logging.INFO)
+    for path in (
+        "/admin/redpack/activity/?_to_field=password",
+        "/admin/auth/user/?_to_field=password",
+        "/admin/auth/user/?password__startswith=x",
+    ):
+        assert admin_client.get(path).status_code == 400, path
+    refused = [r for r in caplog.records if r.name.startswith("django.security.")]
+    assert refused and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records)
 
 
 @pytest.mark.parametrize(
