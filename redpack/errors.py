@@ -1,5 +1,9 @@
 """One error type for expected failures; the API maps it to HTTP in one exception handler."""
 
+# A request body that ended before its Content-Length: refused by the web worker before the app
+# (redpack/webworker.py), and by the app where no such worker serves it (api/middleware.py).
+BODY_CUT_SHORT = "the body ended before its Content-Length ({} bytes)"
+
 
 class RedpackError(Exception):
     status = 400

@@ -90,9 +90,10 @@ class OneLinePerRefusal(logging.Filter):
 class ClientFaultAsWarning(logging.Filter):
     """On the django.security.<kind> loggers of the refusals redpack/api/handlers.py answers
     (CLIENT_REFUSALS: a host this server does not serve, too many fields or files, a body too
-    large, a malformed multipart body), which Django logs at ERROR with a traceback: each is the
-    client's fault, answered 400 like any other bad request, and a scanner sends thousands. One
-    WARNING line each, as django.request logs other 4xx answers, without the traceback."""
+    large, a malformed multipart body, an admin lookup or `_to_field` the admin does not allow),
+    which Django logs at ERROR with a traceback: each is the client's fault, answered 400 like
+    any other bad request, and a scanner sends thousands. One WARNING line each, as
+    django.request logs other 4xx answers, without the traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.levelno, record.levelname = logging.WARNING, "WARNING"

@@ -100,6 +100,8 @@ from gunicorn.http.body import Body, ChunkedReader, LengthReader
 from gunicorn.http.unreader import Unreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from redpack.errors import BODY_CUT_SHORT
+
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
 # How many more requests than the least busy worker a worker may hold and still accept (each
 # connection a pass of its loop accepts counts at once): at most ACCEPT_SLACK, and while the
@@ -147,7 +149,7 @@ FIRST_BYTE_TIMEOUT = float(os.environ.get("REDPACK_WEB_FIRST_BYTE_TIMEOUT", "60"
 # the kernel dropped in a burst (about as long after the accept as the handshake waited before
 # it: some 16 s with READ_TIMEOUT's deferred accept of about 15 s).
 SILENT_EVICT_SECONDS = (FIRST_BYTE_TIMEOUT or 60.0) / 2
-# Bytes of empty lines (CR, LF) that may come on their own before a request line (_Request).
+# Bytes of empty lines (CRLF or LF) that may come on their own before a request line (_Request).
 EMPTY_LINE_BYTES = 64
 # A request's head (and a body up to the app's DATA_UPLOAD_MAX_MEMORY_SIZE) arrives in the loop,
 # which hands it to a thread only once it is there in full (`arrival`): a head longer than this
@@ -439,15 +441,19 @@ def refused_head(req: Any) -> Refused | None:
     for name, value in req.headers:  # most values are printable ASCII: one quick look
         if not value.isprintable() and _CONTROL_BYTE.search(value):
             return Refused(name, "a header's value holds a control byte")
-    codings = [
-        coding.strip(" \t").lower()
-        for name, value in req.headers
-        if name == "TRANSFER-ENCODING"
-        for coding in value.split(",")
-    ]
+    codings = list(_options(req, "TRANSFER-ENCODING"))
     if codings and codings[-1] != "chunked":
         return Refused("TRANSFER-ENCODING", _CHUNKED_LAST)
     return None
+
+
+def _options(req: Any, name: str) -> Iterator[str]:
+    """The options of every `name` header of `req` (a list: RFC 9110 5.6.1), in lower case,
+    trimmed of spaces and tabs alone (Python's strip() takes \\x0b or \\xa0 for a space too)."""
+    for header, value in req.headers:
+        if header == name:
+            for option in value.split(","):
+                yield option.strip(" \t").lower()
 
 
 def as_client_error(exc: BaseException) -> BaseException:
@@ -523,12 +529,14 @@ def next_request_read(parser: Any) -> bool:
     return bool(_past_empty_lines(parser.unreader.buf.getvalue()))
 
 
-_EMPTY_LINES = re.compile(rb"(?:\r?\n)*")
+# Empty lines, and the CR of one whose LF has not come yet (a CRLF split between two reads).
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)*(?:\r\Z)?")
 
 
 def _past_empty_lines(data: bytes) -> bytes:
     """What follows the empty lines (CRLF, or LF alone) `data` begins with: no request begins
-    with them. A CR alone is no line's end (RFC 9112 2.2): what follows it is no request."""
+    with them. A CR alone is no line's end (RFC 9112 2.2): what follows it is no request, unless
+    it is the last byte so far (its LF to come)."""
     if not data.startswith((b"\r", b"\n")):
         return data
     return data[_EMPTY_LINES.match(data).end() :]  # type: ignore[union-attr]
@@ -567,11 +575,12 @@ def _chunks_all_read(reader: ChunkedReader, parser: Any) -> bool:
 
 
 # What may follow a chunk's size on its line (RFC 9112 7.1.1): extensions, each `;` and a name,
-# and `=` and a value (a token or a quoted string) if any, with spaces or tabs around them.
+# and `=` and a value (a token or a quoted string) if any, with spaces or tabs around them (and
+# after the last, as gunicorn and nginx took them: no proxy ends the line elsewhere for them).
 _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _QUOTED = rb'"(?:[\t !#-\[\]-~\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
 _CHUNK_EXTENSIONS = re.compile(
-    rb"(?:[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?)*" % (_TOKEN, _TOKEN, _QUOTED)
+    rb"(?:[ \t]*;[ \t]*%s(?:[ \t]*=[ \t]*(?:%s|%s))?)*[ \t]*" % (_TOKEN, _TOKEN, _QUOTED)
 )
 
 
@@ -639,10 +648,10 @@ def arrival(data: bytes, *, body_bytes: int, fresh: int | None = None) -> tuple[
     when that has a Content-Length of at most `body_bytes` (a longer one is the app's to refuse,
     413; a chunked one the app never reads, 411 or passed over: either goes to a thread at once,
     and the connection closes after the answer unless the rest came with the head). Second:
-    whether the client waits for a 100 Continue before it sends that body (HTTP/1.1, `Expect:
-    100-continue`, the body not all there). Third, when waiting for a body: how many bytes
-    `data` must hold before anything changes (the head is not parsed again for every piece of
-    a body sent in pieces); else 0.
+    whether the client waits for a 100 Continue before it sends that body (HTTP/1.1 or a later
+    1.x, `Expect: 100-continue`, the body not all there). Third, when waiting for a body: how
+    many bytes `data` must hold before anything changes (the head is not parsed again for every
+    piece of a body sent in pieces); else 0.
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
     Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
@@ -793,13 +802,10 @@ class _Request(http.Request):  # type: ignore[misc]
         if self.must_close:
             return True
         kept = False
-        for name, value in self.headers:
-            if name == "CONNECTION":
-                for option in value.split(","):
-                    option = option.strip(" \t").lower()
-                    if option == "close":
-                        return True
-                    kept = kept or option == "keep-alive"
+        for option in _options(self, "CONNECTION"):
+            if option == "close":
+                return True
+            kept = kept or option == "keep-alive"
         return not kept and bool(self.version <= (1, 0))
 
 
@@ -858,7 +864,8 @@ class _Conn(TConn):  # type: ignore[misc]
     complete_at = 0  # the length of `early` at which its request's body will be there
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
-    ended = False  # its client shut down its side: nothing more will come
+    # Its client shut down its side: nothing more will come (never reset: nor will it later).
+    ended = False
 
     def init(self) -> None:
         fresh = self.parser is None  # type: ignore[has-type]
@@ -971,8 +978,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 # Its client shut down its side before all of the body came (the loop waits
                 # for a Content-Length's body, and hands it over then): never acted on either,
                 # where the grab and the ping, which read no body, ran as if it were whole.
-                why = f"the body ended before its Content-Length ({reader.length} bytes)"
-                raise Refused("CONTENT-LENGTH", why)
+                raise Refused("CONTENT-LENGTH", BODY_CUT_SHORT.format(reader.length))
         if not read:
             # Longer than the loop reads, or chunked (`arrival`): the app answers without
             # reading it (413, 411, or the grab's and ping's own answer), and the connection

@@ -1104,6 +1104,7 @@ def test_a_malformed_chunked_body_closes_its_connection_at_once():
 
 CHUNK_EXTENSIONS = [
     b"5;name\r\nhello\r\n",
+    b"5;name=value \t\r\nhello\r\n",  # whitespace after the last, as gunicorn and nginx take it
     b"5 ; name = value ;q=1\r\nhello\r\n",
     b'5;name="a \\"quoted\\" value; with = signs"\r\nhello\r\n',
 ]
@@ -1154,7 +1155,8 @@ def test_an_http_1_0_request_gets_no_100_continue():
     assert answer.startswith(b"HTTP/1.0 401 "), answer[:60]
 
 
-def test_empty_lines_before_a_request_line_are_passed_over():
+@pytest.mark.parametrize("last_sent", [b"\r\n\r\n", b"\r\n\r"])  # a CRLF's CR, its LF to come
+def test_empty_lines_before_a_request_line_are_passed_over(last_sent: bytes) -> None:
     """A body ended with an extra CRLF (RFC 9112 2.2: a server should ignore it), pipelined or
     sent with a later request: the requests after it are answered, not refused as 400."""
     grab = b"POST /api/activities/1/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
@@ -1162,7 +1164,7 @@ def test_empty_lines_before_a_request_line_are_passed_over():
     ping = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     last = b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     with _one_connection() as sock:
-        sock.sendall(grab + b"\r\n" + ping + b"\r\n\r\n")
+        sock.sendall(grab + b"\r\n" + ping + last_sent)
         answers = Answers(sock)
         assert [answers.next_status(), answers.next_status()] == [401, 401]
         sock.sendall(b"\n" + last)  # the empty lines sent before came on their own
@@ -1512,20 +1514,23 @@ def _kept_alive(worker: Any) -> tuple[socket.socket, socket.socket]:
     return server_side, client_side
 
 
+@pytest.mark.parametrize("pieces", [[b"\r\n"], [b"\r", b"\n"]])
 def test_empty_lines_on_a_kept_alive_connection_keep_it_alive(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, pieces: list[bytes]
 ) -> None:
-    """A CRLF a client sends after an answer (RFC 9112 2.2: passed over) leaves the connection
-    kept alive: not closed unanswered READ_TIMEOUT later (a pooled client's next request met a
-    closed connection), and the request that follows, long after, goes to a thread."""
+    """A CRLF a client sends after an answer (RFC 9112 2.2: passed over), whole or its CR and
+    its LF read apart, leaves the connection kept alive: not closed unanswered READ_TIMEOUT
+    later (a pooled client's next request met a closed connection), and the request that
+    follows, long after, goes to a thread."""
     worker, handed, now, listener = _worker_on_a_clock(monkeypatch)
     server_side, client_side = _kept_alive(worker)
     (conn,) = worker._keep
     try:
-        client_side.sendall(b"\r\n")
-        wait_for(lambda: webworker._request_waiting(server_side), "the empty line sent")
-        worker.on_client_socket_readable(conn, server_side)
-        assert list(worker._keep) == [conn]
+        for piece in pieces:
+            client_side.sendall(piece)
+            wait_for(lambda: webworker._request_waiting(server_side), "the empty line sent")
+            worker.on_client_socket_readable(conn, server_side)
+            assert list(worker._keep) == [conn]
 
         assert webworker.READ_TIMEOUT is not None
         now[0] += webworker.READ_TIMEOUT + 1

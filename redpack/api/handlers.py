@@ -51,8 +51,9 @@ _REFUSED_PARTS: tuple[tuple[type[Exception], str, str], ...] = (
 
 
 # The kinds above that Django logs at ERROR with a traceback (django.security.<kind>), each the
-# client's fault: redpack.logs.demote_client_refusals makes them one WARNING line. (The last,
-# logged on django.request with its traceback: redpack.logs.OneLinePerRefusal drops it.)
+# client's fault: redpack.logs.demote_client_refusals makes them one WARNING line.
+# (MultiPartParserError, logged on django.request with its traceback: redpack.logs.
+# OneLinePerRefusal drops the traceback.)
 CLIENT_REFUSALS = tuple(
     kind for kind, _, _ in _REFUSED_PARTS if issubclass(kind, SuspiciousOperation)
 )

@@ -23,6 +23,7 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.settings import api_settings
 
 from redpack import logs, ratelimit
+from redpack.errors import BODY_CUT_SHORT
 
 from .errors import error_body
 from .urls import slashless
@@ -193,7 +194,7 @@ class RequestSizeLimitMiddleware:
             body = error_body("too_large", message, {"Content-Length": [message]})
             return JsonResponse(body, status=413)
         if reads_body and length and not _whole_body(request, length):
-            message = f"the body ended before its Content-Length ({length} bytes)"
+            message = BODY_CUT_SHORT.format(length)
             body = error_body("bad_request", message, {"Content-Length": [message]})
             return JsonResponse(body, status=400)
         return self.get_response(request)
