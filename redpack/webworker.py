@@ -984,6 +984,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             # reading it (413, 411, or the grab's and ping's own answer), and the connection
             # closes after the answer, lingering for what is still sent.
             req.must_close = conn.linger = expect = True
+        elif req.method == "CONNECT":
+            # Refused (405: no proxy here), and closed after the answer: a client may send its
+            # tunnel's bytes without waiting for it, which are no requests to answer.
+            req.must_close = conn.linger = True
         if expect:
             req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
         return super().handle_request(req, conn)

@@ -821,6 +821,20 @@ def test_a_request_target_that_is_not_a_path_is_answered_as_the_rfc_asks_in_json
                 assert list(error["fields"]) == ([field] if field else []), (target, error)
 
 
+def test_a_refused_connect_closes_its_connection():
+    """What its client sends after it, without waiting for the answer, is its tunnel's, not a
+    request: the 405, then the connection closed (the request behind it was answered)."""
+    with _one_connection() as sock:
+        sock.sendall(
+            b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n"
+            b"GET /nowhere/ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        answers = Answers(sock)
+        status, headers, _ = answers.next()
+        assert (status, headers["connection"]) == (405, "close")
+        assert answers.until_closed() == []
+
+
 def test_a_later_http_1_minor_version_is_answered_as_http_1_1():
     """RFC 9110 2.5: the server answers in the version it speaks (gunicorn echoed 1.2)."""
     with gunicorn(workers=1, threads=1) as base:
