@@ -28,6 +28,11 @@ keepalive = int(os.environ.get("REDPACK_WEB_KEEPALIVE", "75"))
 # gthread with balanced accepts and a loop whose cost does not grow with what it holds
 # (redpack/webworker.py); `--threads` sets its pool as gthread's.
 worker_class = os.environ.get("REDPACK_WEB_WORKER_CLASS", "redpack.webworker.BalancedThreadWorker")
+# The request's scheme is the app's to judge (settings.SECURE_PROXY_SSL_HEADER: X-Forwarded-Proto,
+# and only with HTTPS=1, as deploy/nginx.conf sets it). gunicorn's own default trusts three
+# headers from a client on this host (forwarded_allow_ips): nginx overwrites X-Forwarded-Proto
+# but passes a client's X-Forwarded-Ssl on, and the app's links said https:// on a plain server.
+secure_scheme_headers: dict[str, str] = {}
 # gunicorn's access line, with the request id the app gave the response (redpack/logs.py).
 access_log_format = (
     '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %({x-request-id}o)s'

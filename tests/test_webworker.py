@@ -800,6 +800,7 @@ TARGETS = [
     # No request target has a fragment; read past it, the host was the one after the `@`.
     (b"GET http://evil.example#@127.0.0.1/api/ping/", 400, "target", None),
     (b"GET http://127.0.0.1#@evil.example/api/ping/", 400, "target", None),
+    (b"GET http://evil.example@127.0.0.1/api/ping/", 400, "target", None),  # userinfo: an error
     (b"GET /API/ping/", 404, None, None),  # paths are case-sensitive; the API's shape anyway
 ]
 

@@ -112,7 +112,9 @@ class RequestTargetMiddleware:
     RFC 9112 3.2.2 asks (the Host header is ignored), and Django checks it against
     ALLOWED_HOSTS (where it was served under the Host header whatever the URL named); an
     absolute URL with a fragment, which RFC 9112's absolute-form does not have, is refused
-    naming the target (`http://a#@b/` names host a, and was served as b's). Before, each got
+    naming the target (`http://a#@b/` names host a, and was served as b's), and so is one with
+    userinfo (RFC 9110 4.2.4: an error; `http://a@b/` was served as b's, as a Host header of
+    that form is refused). Before, each got
     Django's HTML 404, or an answer for another host. A path costs one look (gunicorn drops a
     path's fragment)."""
 
@@ -134,7 +136,9 @@ class RequestTargetMiddleware:
             if "#" in rest:  # an absolute-URI has no fragment (RFC 9112 3.2.2)
                 return _refused(400, "bad_request", "a request target has no fragment (#)")
             authority = re.split("[/?]", rest, maxsplit=1)[0]
-            request.META["HTTP_HOST"] = authority.rpartition("@")[2]
+            if "@" in authority:  # RFC 9110 4.2.4: userinfo is an error in an http URI
+                return _refused(400, "bad_request", "a request target names no user (@)")
+            request.META["HTTP_HOST"] = authority
             return self.get_response(request)
         if request.method == "CONNECT":
             return _refused(405, "method_not_allowed", "CONNECT: this server is not a proxy")
@@ -232,10 +236,12 @@ def _is_credential_path(path: str) -> bool:
     return path in _credential_paths(get_script_prefix())
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def _credential_paths(script_prefix: str) -> frozenset[str]:
     """The login paths under a script prefix, reversed once (every POST asks, grabs included),
-    each with and without its trailing slash (the API answers both: api/urls.py)."""
+    each with and without its trailing slash (the API answers both: api/urls.py). A few
+    prefixes at most: a trusted proxy's SCRIPT_NAME header names one per request, and a cache
+    without a bound held every one sent (a client on this host sent thousands)."""
     paths = [reverse(name) for name in ("token-obtain", "token-refresh", "admin:login")]
     return frozenset(paths + [slashless(path) for path in paths])
 
