@@ -71,6 +71,25 @@ def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
 
 
+# Characters of a client's input (a path, a Host, the bytes of a malformed head) one log line of
+# a refusal quotes, at most: a scanner's 8 KB path or Host made each of its lines that long (a
+# refused Host twice over).
+QUOTED_AT_MOST = 200
+
+
+def cut(text: str) -> str:
+    return text if len(text) <= QUOTED_AT_MOST else text[:QUOTED_AT_MOST] + "…"
+
+
+def quote_less(record: logging.LogRecord) -> None:
+    """A refusal's record with its message and its request (Django's log_response quotes the
+    path in both) cut to QUOTED_AT_MOST."""
+    record.msg, record.args = cut(record.getMessage()), ()
+    request = getattr(record, "request", None)
+    if request is not None:
+        record.request = cut(str(request))
+
+
 class OneLinePerRefusal(logging.Filter):
     """On django.request, which logs every 4xx answer as a WARNING: a 409 (only a grab answers
     one: `contended`) is logged once already, as the `grab_contended` event (`lock_timeout`
@@ -79,12 +98,15 @@ class OneLinePerRefusal(logging.Filter):
     (redpack/ratelimit.py), not once per request of a client that keeps sending. A body a form
     view (the admin's) could not read as multipart (MultiPartParserError, the client's fault) is
     one line, without the traceback Django adds. Every other answer is logged as Django logs
-    it."""
+    it, the client's input it quotes cut (`quote_less`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) in (409, 429):
+            return False
         if record.exc_info and isinstance(record.exc_info[1], MultiPartParserError):
             record.exc_info = record.exc_text = None
-        return getattr(record, "status_code", None) not in (409, 429)
+        quote_less(record)
+        return True
 
 
 class ClientFaultAsWarning(logging.Filter):
@@ -98,6 +120,7 @@ class ClientFaultAsWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
+        quote_less(record)
         return True
 
 

@@ -101,6 +101,7 @@ from gunicorn.http.unreader import Unreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from redpack.errors import BODY_CUT_SHORT
+from redpack.logs import quote_less
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
 # How many more requests than the least busy worker a worker may hold and still accept (each
@@ -379,8 +380,8 @@ class ClientRefusals(logging.Filter):
     """gunicorn logs every request it refuses as a WARNING that quotes the client's bytes (up to
     a head's 8 KB): a client sending malformed requests wrote a line per request into the
     server's error log, as loud as the server's own trouble. They are the client's errors, as
-    the answer says (400, 431...): at INFO, as nginx logs them, cut to _MESSAGE_AT_MOST
-    characters. So is an answer the client did not read in time, one line without the
+    the answer says (400, 431...): at INFO, as nginx logs them, cut as every refusal's line is
+    (redpack.logs.quote_less). So is an answer the client did not read in time, one line without the
     traceback gthread logged it with as an ERROR."""
 
     PREFIX = "Invalid request from ip="
@@ -396,10 +397,7 @@ class ClientRefusals(logging.Filter):
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)
         if record.levelno != logging.WARNING or not str(record.msg).startswith(self.PREFIX):
             return True
-        message = record.getMessage()
-        if len(message) > _MESSAGE_AT_MOST:
-            message = message[:_MESSAGE_AT_MOST] + "…"
-        record.msg, record.args = message, ()
+        quote_less(record)
         record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 

@@ -192,6 +192,21 @@ def test_oversized_body_is_413(sender):
     assert not Activity.objects.exists()
 
 
+def test_a_refusals_log_line_quotes_at_most_a_bounded_part_of_the_clients_input(caplog):
+    """A scanner's 8 KB path or Host made every line it caused that long (a refused Host's
+    twice: `Invalid HTTP_HOST header: '...'. You may need to add '...'`)."""
+    caplog.set_level(logging.INFO)
+    client = APIClient(raise_request_exception=False)
+    assert client.get("/nowhere/" + "a" * 6000).status_code == 404
+    assert client.get("/api/ping/", HTTP_HOST="h" * 6000 + ".example").status_code == 400
+    refusals = [
+        r for r in caplog.records if r.name.startswith(("django.request", "django.security"))
+    ]
+    assert {r.name for r in refusals} == {"django.request", "django.security.DisallowedHost"}
+    for record in refusals:
+        assert len(record.getMessage()) <= 201 and len(str(getattr(record, "request", ""))) <= 201
+
+
 def test_an_admin_lookup_it_does_not_allow_is_a_400_logged_as_one_line(admin_client, caplog):
     """Django logs each at ERROR with a traceback (django.security.DisallowedModelAdmin*)."""
     caplog.set_level(logging.INFO)
