@@ -30,8 +30,9 @@ keepalive = int(os.environ.get("REDPACK_WEB_KEEPALIVE", "75"))
 worker_class = os.environ.get("REDPACK_WEB_WORKER_CLASS", "redpack.webworker.BalancedThreadWorker")
 # The request's scheme is the app's to judge (settings.SECURE_PROXY_SSL_HEADER: X-Forwarded-Proto,
 # and only with HTTPS=1, as deploy/nginx.conf sets it). gunicorn's own default trusts three
-# headers from a client on this host (forwarded_allow_ips): nginx overwrites X-Forwarded-Proto
-# but passes a client's X-Forwarded-Ssl on, and the app's links said https:// on a plain server.
+# headers from any client on this host (forwarded_allow_ips): the app's links said https:// on a
+# plain server, and a proxy on this host that sets X-Forwarded-Proto (nginx) passes a client's
+# X-Forwarded-Ssl on. Behind a TLS proxy, set HTTPS=1.
 secure_scheme_headers: dict[str, str] = {}
 # gunicorn's access line, with the request id the app gave the response (redpack/logs.py).
 access_log_format = (

@@ -67,27 +67,32 @@ def carry_request_ids() -> None:
     logging.setLogRecordFactory(make_record)
 
 
-def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
-
-
-# Characters of a client's input (a path, a Host, the bytes of a malformed head) one log line of
-# a refusal quotes, at most: a scanner's 8 KB path or Host made each of its lines that long (a
-# refused Host twice over).
+# Characters of a client's input (a path, a Host, the bytes of a malformed head) that a line of
+# Django's request loggers (or of the web server's refusals: redpack/webworker.py) quotes, at
+# most: a scanner's 8 KB path or Host made each of its lines that long (a refused Host's twice).
 QUOTED_AT_MOST = 200
+# Django's loggers whose messages quote a client's request (the path, a refused Host).
+_QUOTING_LOGGERS = ("django.request", "django.security", "django.server")
 
 
 def cut(text: str) -> str:
-    return text if len(text) <= QUOTED_AT_MOST else text[:QUOTED_AT_MOST] + "…"
+    """`text`, at most QUOTED_AT_MOST characters (the last an ellipsis when it was longer)."""
+    return text if len(text) <= QUOTED_AT_MOST else text[: QUOTED_AT_MOST - 1] + "…"
 
 
-def quote_less(record: logging.LogRecord) -> None:
-    """A refusal's record with its message and its request (Django's log_response quotes the
-    path in both) cut to QUOTED_AT_MOST."""
-    record.msg, record.args = cut(record.getMessage()), ()
-    request = getattr(record, "request", None)
-    if request is not None:
-        record.request = cut(str(request))
+def message_of(record: logging.LogRecord) -> str:
+    """The record's message, cut where a Django logger quotes a client's request in it."""
+    message = record.getMessage()
+    return cut(message) if record.name.startswith(_QUOTING_LOGGERS) else message
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's own fields; Django's `request` (whose repr quotes the path whole) cut. The
+    record keeps its request object, for the handlers that read it (AdminEmailHandler)."""
+    fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
+    if "request" in fields:
+        fields["request"] = cut(str(fields["request"]))
+    return fields
 
 
 class OneLinePerRefusal(logging.Filter):
@@ -98,14 +103,13 @@ class OneLinePerRefusal(logging.Filter):
     (redpack/ratelimit.py), not once per request of a client that keeps sending. A body a form
     view (the admin's) could not read as multipart (MultiPartParserError, the client's fault) is
     one line, without the traceback Django adds. Every other answer is logged as Django logs
-    it, the client's input it quotes cut (`quote_less`)."""
+    it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "status_code", None) in (409, 429):
             return False
         if record.exc_info and isinstance(record.exc_info[1], MultiPartParserError):
             record.exc_info = record.exc_text = None
-        quote_less(record)
         return True
 
 
@@ -120,7 +124,6 @@ class ClientFaultAsWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
-        quote_less(record)
         return True
 
 
@@ -143,7 +146,7 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": message_of(record),
         }
         line.update(extra_fields(record))
         if record.exc_info:
@@ -155,7 +158,7 @@ class PlainFormatter(logging.Formatter):
     """`<time> <LEVEL> <logger> <message> key=value ...`, a traceback folded into the line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        parts = [self.formatTime(record), record.levelname, record.name, record.getMessage()]
+        parts = [self.formatTime(record), record.levelname, record.name, message_of(record)]
         parts += [f"{k}={v}" for k, v in extra_fields(record).items()]
         if record.exc_info:
             parts.append(self.formatException(record.exc_info))

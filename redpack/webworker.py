@@ -101,7 +101,7 @@ from gunicorn.http.unreader import Unreader
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from redpack.errors import BODY_CUT_SHORT
-from redpack.logs import quote_less
+from redpack.logs import cut
 
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
 # How many more requests than the least busy worker a worker may hold and still accept (each
@@ -328,7 +328,6 @@ _ERROR_CODES = {
 }
 # gunicorn gives a parsed header's name upper-cased; anything else it gives is a raw line.
 _HEADER_NAME = re.compile(r"[A-Z0-9-]{1,64}")
-_MESSAGE_AT_MOST = 200  # characters of gunicorn's message, which may quote the bad input
 
 
 class _Kept:
@@ -366,7 +365,7 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
             field = named.title()  # a header gunicorn parsed and refused: CONTENT-LENGTH
         else:  # the other parse errors, and a header line with no name to give
             field = next((f for kind, f in _PARSE_FIELDS if isinstance(exc, kind)), None)
-    message = (str(exc) if status != 500 else "the server could not answer")[:_MESSAGE_AT_MOST]
+    message = cut(str(exc)) if status != 500 else "the server could not answer"
     code = _ERROR_CODES.get(status, "server_error" if status >= 500 else "bad_request")
     body = json.dumps(error_body(code, message, {field: [message]} if field else None)).encode()
     head = (
@@ -381,7 +380,7 @@ class ClientRefusals(logging.Filter):
     a head's 8 KB): a client sending malformed requests wrote a line per request into the
     server's error log, as loud as the server's own trouble. They are the client's errors, as
     the answer says (400, 431...): at INFO, as nginx logs them, cut as every refusal's line is
-    (redpack.logs.quote_less). So is an answer the client did not read in time, one line without the
+    (redpack.logs.cut). So is an answer the client did not read in time, one line without the
     traceback gthread logged it with as an ERROR."""
 
     PREFIX = "Invalid request from ip="
@@ -397,7 +396,7 @@ class ClientRefusals(logging.Filter):
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)
         if record.levelno != logging.WARNING or not str(record.msg).startswith(self.PREFIX):
             return True
-        quote_less(record)
+        record.msg, record.args = cut(record.getMessage()), ()
         record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
         return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 

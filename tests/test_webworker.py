@@ -31,7 +31,7 @@ from gunicorn import http
 from gunicorn.config import Config
 from gunicorn.http import errors as http_errors
 
-from redpack import webworker
+from redpack import logs, webworker
 
 from .servers import (
     ROOT,
@@ -1695,7 +1695,7 @@ def test_a_refused_request_is_logged_at_info_and_cut_short(
 ) -> None:
     """gunicorn logs each request it refuses as a WARNING quoting the client's bytes: a client
     sending malformed heads wrote a line of up to 8 KB per request into the error log. A worker
-    logs it at INFO (silent at gunicorn's `--log-level warning`), cut to _MESSAGE_AT_MOST
+    logs it at INFO (silent at gunicorn's `--log-level warning`), cut to QUOTED_AT_MOST
     characters."""
     worker = webworker.BalancedThreadWorker(
         9999, 0, [], None, 30, Config(), logging.getLogger("gunicorn.error")
@@ -1711,7 +1711,8 @@ def test_a_refused_request_is_logged_at_info_and_cut_short(
         (record,) = [r for r in caplog.records if r.name == "gunicorn.error"]
         assert record.levelno == logging.INFO
         assert record.getMessage().startswith("Invalid request from ip=192.0.2.1: ")
-        assert len(record.getMessage()) == webworker._MESSAGE_AT_MOST + 1  # and "…"
+        message = record.getMessage()
+        assert len(message) == logs.QUOTED_AT_MOST and message.endswith("…")
         client_side.settimeout(10)
         assert client_side.recv(12) == b"HTTP/1.1 400"  # answered as before
     finally:

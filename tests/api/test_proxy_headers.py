@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
         b"X-Forwarded-Ssl: on\r\n",
         b"X-Forwarded-Protocol: ssl\r\n",
         b"X-Forwarded-Proto: https\r\n",
-        b"X-Forwarded-Proto: https\r\nX-Forwarded-Ssl: off\r\n",  # gunicorn: 400, contradictory
+        b"X-Forwarded-Proto: https\r\nX-Forwarded-Ssl: off\r\n",  # gunicorn said 400: contradictory
     ],
 )
 def test_a_plain_server_links_over_http_whatever_the_client_says(sender, forwarded):
