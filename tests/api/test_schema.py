@@ -1,9 +1,11 @@
 """Schemathesis against the live OpenAPI schema a real gunicorn serves: no 5xx, and every
 response conforms to the schema (status codes, content types, bodies)."""
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 import requests
@@ -42,19 +44,45 @@ def auth_header(sender) -> dict[str, str]:  # type: ignore[no-untyped-def]
 @schema.parametrize()
 @settings(max_examples=30, suppress_health_check=list(HealthCheck))
 def test_api_conforms_and_never_fails(case, auth_header, live_server_url):  # type: ignore[no-untyped-def]
-    if case.operation.label != SEND:
-        case.call_and_validate(base_url=live_server_url, headers=auth_header)
+    response = case.call(base_url=live_server_url, headers=auth_header)
+    repeated = response.status_code == 400 and sent_a_field_twice(response.request)
+    if repeated:
+        # Two of the extra properties the schema allows, encoded to one form field name by the
+        # client: the request as sent gives that field twice, which the server refuses (400,
+        # parse_error, api/parsers.py) rather than keep one of the values.
+        assert response.json()["error"]["code"] == "parse_error", response.text
+    refusable = case.operation.label == SEND or repeated
+    case.validate_response(  # as call_and_validate does, the exclusion known from the answer
+        response,
+        headers=auth_header,
+        excluded_checks=[positive_data_acceptance] if refusable else None,
+        transport_kwargs={"base_url": live_server_url, "headers": dict(auth_header)},
+    )
+    if case.operation.label != SEND or repeated:
         return
     # A send that the schema allows may still be refused (400, naming total_amount) by what
     # OpenAPI cannot state: the total's rules (its maximum, and those across the fields) and
     # the sender's wallet. Only by them.
-    response = case.call_and_validate(
-        base_url=live_server_url, headers=auth_header, excluded_checks=[positive_data_acceptance]
-    )
     if case.meta.generation.mode.is_positive and response.status_code == 400:
         error = response.json()["error"]
         assert list(error["fields"]) == ["total_amount"], error
         assert error["code"] == "insufficient_balance" or total_refused_by_the_rules(case.body)
+
+
+def sent_a_field_twice(request: requests.PreparedRequest) -> bool:
+    """Whether a form body, as sent, gives one field name twice (as the server reads the names:
+    a multipart part's name byte for byte, a urlencoded name decoded as UTF-8)."""
+    body = request.body or b""
+    raw = body if isinstance(body, bytes) else body.encode()
+    content_type = request.headers.get("Content-Type", "")
+    if content_type.startswith("multipart/form-data"):
+        names = re.findall(rb'Content-Disposition: form-data; name="((?:[^"\\]|\\.)*)"', raw)
+    elif content_type.startswith("application/x-www-form-urlencoded"):
+        text = raw.decode("ascii", "replace")
+        names = [name.encode() for name, _ in parse_qsl(text, keep_blank_values=True)]
+    else:
+        return False
+    return len(names) != len(set(names))
 
 
 def total_refused_by_the_rules(body: dict[str, Any]) -> bool:
