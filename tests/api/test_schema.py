@@ -42,7 +42,7 @@ def auth_header(sender) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 @schema.parametrize()
-@settings(max_examples=30, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_conforms_and_never_fails(case, auth_header, live_server_url):  # type: ignore[no-untyped-def]
     response = case.call(base_url=live_server_url, headers=auth_header)
     repeated = response.status_code == 400 and sent_a_field_twice(response.request)
