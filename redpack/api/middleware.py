@@ -114,9 +114,8 @@ class RequestTargetMiddleware:
     absolute URL with a fragment, which RFC 9112's absolute-form does not have, is refused
     naming the target (`http://a#@b/` names host a, and was served as b's), and so is one with
     userinfo (RFC 9110 4.2.4: an error; `http://a@b/` was served as b's, as a Host header of
-    that form is refused). Before, each got
-    Django's HTML 404, or an answer for another host. A path costs one look (gunicorn drops a
-    path's fragment)."""
+    that form is refused). Before, each got Django's HTML 404, or an answer for another host.
+    A path costs one look (gunicorn drops a path's fragment)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
