@@ -603,6 +603,57 @@ class StrictChunkedReader(ChunkedReader):  # type: ignore[misc]
         return super().parse_chunk_size(unreader, buf.getvalue())
 
 
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
+CHUNKS_CUT_SHORT = "the request's chunked body ends before its last chunk"
+
+
+class ChunkWalk:
+    """The loop's walk over a chunked body as it arrives (RFC 9112 7.1), from `start` in the
+    bytes of its request: where the first chunk line not yet whole begins (`at`), and how far
+    the search for its end has gone. Each chunk's data is stepped over, and a line is searched
+    once: a piece of a body sent in pieces costs the loop its own bytes, not the body's so far.
+    The lines are only walked, not checked: the thread's parse (`_chunks_all_read`,
+    `StrictChunkedReader`) refuses a malformed one, before any view."""
+
+    def __init__(self, start: int, most: int) -> None:
+        self.start = self.at = self.searched = start
+        self.most = most  # the body's bytes past which the loop waits no longer
+        self.last = False  # the last chunk's line has come: trailers to come, then an empty line
+
+    def to_come(self, data: bytes) -> int:
+        """How long `data` must grow before the body may have ended; 0 when the request is to go
+        to a thread now: its last chunk and trailers are there, or what came is no chunked body
+        (a chunk line that begins with no size, or a line past LINE_BYTES), or the body runs past
+        `most` bytes (the app answers without reading it, and the connection closes after)."""
+        while True:
+            if self.last and data.startswith(b"\r\n", self.at):
+                return 0
+            end = b"\r\n\r\n" if self.last else b"\r\n"
+            found = data.find(end, max(self.at, self.searched), self.at + LINE_BYTES)
+            if found < 0:
+                if len(data) - self.at >= LINE_BYTES:
+                    return 0
+                if not self.last and len(data) > self.at and not _CHUNK_SIZE.match(data, self.at):
+                    return 0  # a line that begins with no size: no need to wait for its end
+                self.searched = len(data) - len(end) + 1  # an end split across two reads
+                return len(data) + 1
+            if self.last:
+                return 0
+            size = _CHUNK_SIZE.match(data, self.at, found)
+            if size is None:
+                return 0
+            self.at = self.searched = found + 2
+            length = int(size.group(), 16)
+            if length == 0:
+                self.last = True
+                continue
+            self.at = self.searched = self.at + length + 2  # its data and CRLF
+            if self.at - self.start > self.most:
+                return 0
+            if self.at > len(data):
+                return self.at
+
+
 class Arrival:
     """What the loop makes of the bytes of a request that has begun to arrive (`arrival`)."""
 
@@ -640,19 +691,23 @@ def _request_line(rest: bytes) -> tuple[bytes, int]:
     return (rest[:line_end] if line_end >= 0 else rest[:LINE_BYTES].removesuffix(b"\r")), line_end
 
 
-def arrival(data: bytes, *, body_bytes: int, fresh: int | None = None) -> tuple[str, bool, int]:
+def arrival(
+    data: bytes, *, body_bytes: int, fresh: int | None = None
+) -> tuple[str, bool, int, ChunkWalk | None]:
     """Whether the request whose bytes so far are `data` has arrived: its head, and its body
-    when that has a Content-Length of at most `body_bytes` (a longer one is the app's to refuse,
-    413; a chunked one the app never reads, 411 or passed over: either goes to a thread at once,
-    and the connection closes after the answer unless the rest came with the head). Second:
-    whether the client waits for a 100 Continue before it sends that body (HTTP/1.1 or a later
-    1.x, `Expect: 100-continue`, the body not all there). Third, when waiting for a body: how
-    many bytes `data` must hold before anything changes (the head is not parsed again for every
-    piece of a body sent in pieces); else 0.
+    when that has a Content-Length of at most `body_bytes`, or is chunked (`Transfer-Encoding:
+    chunked` alone) and ends within `body_bytes` (a longer one is the app's to refuse, 413, or to
+    answer unread: the grab and the ping read no body, and the connection closes after the
+    answer). Second: whether the client waits for a 100 Continue before it sends that body
+    (HTTP/1.1 or a later 1.x, `Expect: 100-continue`, the body not all there). Third, when
+    waiting for a body: how many bytes `data` must hold before anything changes (the head is not
+    parsed again for every piece of a body sent in pieces); else 0. Fourth, for a chunked body
+    still to come: the walk over its chunks, which goes on from where it stopped as the rest
+    comes (`ChunkWalk.to_come`); else None.
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
-    Content-Lengths, a Transfer-Encoding other than chunked) goes to a thread as it is, as any
-    Transfer-Encoding does: gunicorn's parser refuses it, or takes it and `refused_head` may.
+    Content-Lengths, a Transfer-Encoding other than chunked alone) goes to a thread as it is:
+    gunicorn's parser refuses it, or takes it and `refused_head` may.
     Bytes that begin no request, a request line past LINE_BYTES or without a version (HTTP/0.9),
     a head ended after a line ended by LF alone (its CRLF CRLF would never come: gthread held a
     thread on it until the request deadline, the loop waited as long and answered 408) and a
@@ -660,40 +715,47 @@ def arrival(data: bytes, *, body_bytes: int, fresh: int | None = None) -> tuple[
     came since the last look at it (None: all), where such an end is looked for."""
     rest = _past_empty_lines(data)
     if not rest:
-        return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0
+        return (Arrival.READY if len(data) > EMPTY_LINE_BYTES else Arrival.WAIT), False, 0, None
     line, line_end = _request_line(rest)
     if _NOT_A_REQUEST_LINE.search(line):
-        return Arrival.INVALID, False, 0
+        return Arrival.INVALID, False, 0, None
     if line_end < 0:
-        return (Arrival.INVALID if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0
+        return (Arrival.INVALID if len(rest) > LINE_BYTES else Arrival.WAIT), False, 0, None
     if _no_version(line):
-        return Arrival.INVALID, False, 0
+        return Arrival.INVALID, False, 0, None
     head_end = rest.find(b"\r\n\r\n", 0, HEAD_BYTES)
     if head_end < 0:
         stuck = len(rest) >= HEAD_BYTES or _ended_by_lf(rest, fresh)
-        return (Arrival.INVALID if stuck else Arrival.WAIT), False, 0
+        return (Arrival.INVALID if stuck else Arrival.WAIT), False, 0, None
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
-    chunked = expect = False
+    codings: list[bytes] = []
+    expect = False
     for header in lines[1:]:
         name, colon, value = header.partition(b":")
         if not colon or name != name.strip() or header[:1] in b" \t":
-            return Arrival.READY, False, 0
+            return Arrival.READY, False, 0, None
         name, value = name.lower(), value.strip()
         if name == b"content-length":
             lengths.append(value)
         elif name == b"transfer-encoding":
-            chunked = True
+            codings.append(value.strip(b" \t").lower())
         elif name == b"expect":
             expect = value.lower() == b"100-continue"
     expect = expect and _LATER_THAN_1_0.search(lines[0]) is not None
-    if chunked or len(lengths) != 1 or not lengths[0].isdigit():
-        return Arrival.READY, False, 0
-    length = int(lengths[0])
     body_starts = len(data) - len(rest) + head_end + 4
+    if codings == [b"chunked"] and not lengths:
+        walk = ChunkWalk(body_starts, body_bytes)
+        complete_at = walk.to_come(data)
+        if complete_at:
+            return Arrival.WAIT, expect, complete_at, walk
+        return Arrival.READY, False, 0, None
+    if codings or len(lengths) != 1 or not lengths[0].isdigit():
+        return Arrival.READY, False, 0, None
+    length = int(lengths[0])
     if length > body_bytes or len(data) - body_starts >= length:
-        return Arrival.READY, False, 0
-    return Arrival.WAIT, expect, body_starts + length
+        return Arrival.READY, False, 0, None
+    return Arrival.WAIT, expect, body_starts + length, None
 
 
 class _Copy(Unreader):  # type: ignore[misc]
@@ -859,6 +921,7 @@ class _Conn(TConn):  # type: ignore[misc]
     early = b""  # what the loop read of the request under way, not yet its parser's
     waits = 0  # bumped whenever it starts or stops waiting in the loop (`_wait`)
     complete_at = 0  # the length of `early` at which its request's body will be there
+    walk: ChunkWalk | None = None  # how far the loop is in its request's chunked body
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
     # Its client shut down its side: nothing more will come (never reset: nor will it later).
@@ -929,13 +992,13 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         any request; refused when it is no request at all."""
         unreader = conn.parser.unreader
         buffered = unreader.buf.getvalue()
-        verdict, expect, complete_at = arrival(buffered, body_bytes=self._body_bytes)
+        verdict, expect, complete_at, walk = arrival(buffered, body_bytes=self._body_bytes)
         if verdict == Arrival.READY:
             return True
         conn.pipelined = False
         unreader.buf = io.BytesIO()
         if verdict == Arrival.WAIT:
-            conn.early, conn.complete_at = buffered, complete_at
+            conn.early, conn.complete_at, conn.walk = buffered, complete_at, walk
             if expect:  # its client waits for it before the body
                 _continue(conn)
             return True
@@ -970,16 +1033,18 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             except (http_errors.ParseException, OSError) as exc:  # never acted on
                 conn.linger = True
                 raise Refused("", "the request's chunked body is malformed", field="body") from exc
-            reader = conn.parser.mesg.body.reader
-            if not read and conn.ended and isinstance(reader, LengthReader):
+            if not read and conn.ended:
                 # Its client shut down its side before all of the body came (the loop waits
-                # for a Content-Length's body, and hands it over then): never acted on either,
-                # where the grab and the ping, which read no body, ran as if it were whole.
-                raise Refused("CONTENT-LENGTH", BODY_CUT_SHORT.format(reader.length))
+                # for a body, and hands it over then): never acted on either, where the grab and
+                # the ping, which read no body, ran as if it were whole.
+                reader = conn.parser.mesg.body.reader
+                if isinstance(reader, LengthReader):
+                    raise Refused("CONTENT-LENGTH", BODY_CUT_SHORT.format(reader.length))
+                raise Refused("", CHUNKS_CUT_SHORT, field="body")
         if not read:
-            # Longer than the loop reads, or chunked (`arrival`): the app answers without
-            # reading it (413, 411, or the grab's and ping's own answer), and the connection
-            # closes after the answer, lingering for what is still sent.
+            # Longer than the loop reads (`arrival`): the app answers without reading it (413,
+            # or the grab's and ping's own answer), and the connection closes after the answer,
+            # lingering for what is still sent.
             req.must_close = conn.linger = expect = True
         elif req.method == "CONNECT":
             # Refused (405: no proxy here), and closed after the answer: a client may send its
@@ -1176,8 +1241,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             verdict, expect, conn.ended = Arrival.READY, False, True
         elif len(conn.early) < conn.complete_at:
             verdict, expect = Arrival.WAIT, False  # more of a body whose head was read
+        elif conn.walk is not None:  # more of a chunked body: its walk goes on
+            conn.complete_at = conn.walk.to_come(conn.early)
+            verdict, expect = (Arrival.WAIT if conn.complete_at else Arrival.READY), False
         else:
-            verdict, expect, conn.complete_at = arrival(
+            verdict, expect, conn.complete_at, conn.walk = arrival(
                 conn.early, body_bytes=self._body_bytes, fresh=len(data)
             )
         if verdict == Arrival.WAIT and kept and not _past_empty_lines(conn.early):
@@ -1198,7 +1266,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             self._linger(conn)
         else:
             conn.waits += 1  # no longer waiting in the loop
-            conn.complete_at = 0
+            conn.complete_at, conn.walk = 0, None
             self._unregister(client)
             self.enqueue_req(conn)
 

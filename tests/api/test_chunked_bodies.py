@@ -1,17 +1,19 @@
 """Bodies over a real socket to gunicorn. One without a Content-Length (Transfer-Encoding:
-chunked), which Django would read as empty: 411 at once where a view reads a body, the
-connection kept in step; the grab and the ping, which read none, answer as ever. One that ends
-before its Content-Length: 400, never taken for a whole request."""
+chunked), which Django would read as empty: 411 where a view reads a body, the connection kept
+in step; the grab and the ping, which read none, answer as ever, once the body has come whole.
+One that ends before its Content-Length or its last chunk, or whose chunks are malformed: 400,
+never taken for a whole request."""
 
 import http.client
 import json
+import socket
 
 import pytest
 from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import selectors, services
 from redpack.models import Activity, GrabDetail
-from tests.servers import gunicorn, raw_request
+from tests.servers import Answers, gunicorn, raw_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,6 +129,74 @@ def test_a_grab_whose_body_is_cut_short_or_malformed_is_400_and_grabs_nothing(
     assert list(GrabDetail.objects.filter(activity=activity).values_list("user", flat=True)) == [
         grabber.pk
     ]
+
+
+def _grab_head(activity: Activity, user) -> bytes:
+    return (
+        f"POST /api/activities/{activity.pk}/grab/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {AccessToken.for_user(user)}\r\n"
+        "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+
+
+def _continued(sock: socket.socket, head: bytes) -> Answers:
+    """Send `head`, which asks for a 100 Continue, and read it: the server has the head alone."""
+    sock.sendall(head)
+    answers = Answers(sock)
+    assert answers.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert answers.readline() == b"\r\n"
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("body", "end"),
+    [
+        (b"zz\r\nGARBAGE\r\n0\r\n\r\n", False),  # a size that is none
+        (b"2;\nab\r\n0\r\n\r\n", False),  # an extension with a bare LF
+        (b"5\r\nhel", True),  # the client closes its side before the last chunk
+    ],
+)
+def test_a_chunked_grab_whose_body_comes_after_its_head_waits_for_it(sender, make_users, body, end):
+    """The loop waits for a chunked body as for one with a Content-Length (the grab read none,
+    and ran as soon as the head came: with chunks malformed, or never finished, that came
+    later): a 400 naming `body`, nothing grabbed."""
+    (grabber,) = make_users(1)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="redis_counter"
+    )
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            answers = _continued(sock, _grab_head(activity, grabber))
+            sock.sendall(body)
+            if end:
+                sock.shutdown(socket.SHUT_WR)
+            status, headers, answer = answers.next()
+    assert status == 400, answer
+    assert list(json.loads(answer)["error"]["fields"]) == ["body"]
+    assert headers["connection"] == "close"
+    assert not GrabDetail.objects.filter(activity=activity).exists()
+
+
+def test_a_chunked_grab_sent_in_pieces_is_grabbed_once_whole_and_its_connection_kept(
+    sender, make_users
+):
+    (grabber,) = make_users(1)
+    activity = services.activity_send(
+        sender_id=sender.pk, total_amount="3.00", total_count=3, strategy="redis_counter"
+    )
+    ping = b"GET /api/ping/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    with gunicorn(workers=1, threads=2) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            answers = _continued(sock, _grab_head(activity, grabber))
+            for piece in (b"5\r\nhe", b"llo\r\n0\r", b"\nX-Sum: 1\r\n", b"\r\n" + ping):
+                sock.sendall(piece)
+            status, headers, answer = answers.next()
+            assert (status, json.loads(answer)["outcome"]) == (200, "grabbed")
+            assert headers.get("connection") != "close"
+            assert answers.until_closed() == [401]  # the ping after it, on the same connection
+    assert GrabDetail.objects.filter(activity=activity, user=grabber).count() == 1
 
 
 @pytest.mark.parametrize("target", [b"//api/ping/", b"//api/nothing", b"/metrics/"])
