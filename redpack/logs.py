@@ -10,8 +10,9 @@ The names in use, so that a log search can rely on them:
 - `grab_failed`     activity, user: a grab raised something unexpected (with the traceback)
 - `refund`          activity, amount_cents, count: the one refund of an activity
 - `persist_failed`  activity, entry, user, mark, attempts, status, error: an acknowledged grab
-                    could not be written to the database (strategies/redis_queue_async/persister.py; status `retrying`:
-                    it is retried, `dead`: it waits in the admin's Persist failures)
+                    could not be written to the database (strategies/redis_queue_async/
+                    persister.py; status `retrying`: it is retried, `dead`: it waits in the
+                    admin's Persist failures)
 - `task_failed`     task, task_id, error: a Celery task raised
 - `credit_short`    activity, grab: a grab row its activity's money cannot cover (an overselling
                     strategy's), left uncredited (redpack/ledger.py)

@@ -32,13 +32,21 @@ def possible_id(activity_id: int) -> bool:
     return 0 < activity_id <= MAX_ID
 
 
+def no_such_activity(activity_id: int) -> NotFound:
+    """The 404 of an activity id that names none, naming `id`; the id is said back only when an
+    activity could have it (a path's thousands of digits are not)."""
+    if possible_id(activity_id):
+        return NotFound(f"activity {activity_id} does not exist", field="id")
+    return NotFound("no activity can have this id", field="id")
+
+
 @lru_cache(maxsize=65536)
 def activity_facts(activity_id: int) -> tuple[str, datetime]:
     """An activity's strategy and expiry never change, so each process looks them up once."""
     activities = Activity.objects.using(shards.alias_of(activity_id))
     facts = activities.filter(pk=activity_id).values_list("strategy", "expires_at").first()
     if facts is None:
-        raise NotFound(f"activity {activity_id} does not exist")
+        raise no_such_activity(activity_id)
     return facts
 
 
@@ -48,11 +56,11 @@ def activity_strategy(activity_id: int) -> str:
 
 def activity_get(*, activity_id: int) -> Activity:
     if not possible_id(activity_id):
-        raise NotFound(f"activity {activity_id} does not exist")
+        raise no_such_activity(activity_id)
     activities = Activity.objects.using(shards.alias_of(activity_id))
     activity = activities.filter(pk=activity_id).select_related("refund").first()
     if activity is None:
-        raise NotFound(f"activity {activity_id} does not exist")
+        raise no_such_activity(activity_id)
     return activity
 
 

@@ -173,7 +173,7 @@ def activity_grab(
     (`grab_carries_checks`, which is false for an activity this process knows is finished):
     RequestRefused when they fail, and nothing is taken."""
     if not selectors.possible_id(activity_id):
-        raise NotFound(f"activity {activity_id} does not exist")
+        raise selectors.no_such_activity(activity_id)
     strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
     started = time.perf_counter()
     try:

@@ -76,3 +76,4 @@ def test_the_api_root_lists_the_endpoints():
     assert response.status_code == 200
     endpoints = response.json()["endpoints"]
     assert endpoints["docs"] == "/api/docs/" and endpoints["strategies"] == "/api/strategies/"
+    assert endpoints["my-wallet"] == "/api/me/wallet/" and endpoints["ping"] == "/api/ping/"

@@ -792,7 +792,7 @@ TARGETS = [
     # (method and request target, status, the JSON error's field or None, Allow or None)
     (b"OPTIONS *", 204, None, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
     (b"GET *", 400, "target", None),
-    (b"CONNECT example.com:443", 405, None, "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+    (b"CONNECT example.com:443", 405, "method", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
     (b"GET example.com", 400, "target", None),
     # An absolute URL's host is the request's (RFC 9112 3.2.2), whatever the Host header says.
     (b"GET http://evil.example/api/ping/", 400, "Host", None),

@@ -8,6 +8,7 @@ from typing import Any
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from redpack.errors import RedpackError
@@ -36,6 +37,12 @@ def _authenticates(context: dict[str, Any]) -> bool:
     return bool(getattr(context.get("request"), "authenticators", ()))
 
 
+def _sent_credentials(context: dict[str, Any]) -> bool:
+    """Whether the request sent an Authorization header (that no authenticator here took)."""
+    request = context.get("request")
+    return bool(request is not None and request.META.get("HTTP_AUTHORIZATION", "").strip())
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RedpackError):
         fields = {exc.field: [exc.message]} if exc.field else {}
@@ -46,28 +53,40 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
-        detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        # An error of no one field (a JSON body that is no object, `[]` or `12`) names the body,
+        # where DRF said `non_field_errors`.
+        detail = exc.detail if isinstance(exc.detail, dict) else {"body": exc.detail}
+        no_field = api_settings.NON_FIELD_ERRORS_KEY
+        detail = {("body" if name == no_field else name): said for name, said in detail.items()}
         response.data = error_body("invalid", "the request is not valid", detail)
     elif isinstance(exc, exceptions.APIException):
         # What the refusal names (api/negotiation.py, api/parsers.py, api/auth.py); else a 401
         # of a view that reads credentials from the request names the Authorization header, a
         # body that could not be parsed names the body as a whole, and the header DRF found no
-        # parser for its type (its message quoted the header whole).
+        # parser for its type (its message quoted the header whole); a 405, the method.
         named = tuple(getattr(exc, "fields", ()))
         if not named and isinstance(exc, AUTHENTICATION_REFUSED) and _authenticates(context):
             named = ("Authorization",)
         said_as: Any = exc.detail
         if isinstance(said_as, dict) and isinstance(said_as.get("code"), str):
             # simplejwt's errors carry their code and message in a dict (DetailDictMixin): a
-            # deactivated user's token is `user_inactive` here as on the token-only views.
+            # deactivated user's token is `user_inactive` here as on the token-only views. Why
+            # the token was refused (`Token is expired`) is in its `messages`, when there are.
             said = str(said_as.get("detail", ""))
+            why = said_as.get("messages")
+            if isinstance(why, list) and why and isinstance(why[0], dict) and "message" in why[0]:
+                said = f"{said}: {why[0]['message']}"
             fields = {name: [said] for name in named}
             response.data = error_body(str(said_as["code"]), said, fields)
             return response
         message = str(said_as) if not isinstance(said_as, dict | list) else exc.default_detail
+        if isinstance(exc, exceptions.NotAuthenticated) and _sent_credentials(context):
+            message = "the Authorization header's scheme is not Bearer: send Bearer <token>"
         codes = exc.get_codes()
         if not named and isinstance(exc, exceptions.ParseError):
             named = ("body",)
+        elif not named and isinstance(exc, exceptions.MethodNotAllowed):
+            named = ("method",)  # as the web worker names it (webworker.error_answer)
         elif not named and isinstance(exc, exceptions.UnsupportedMediaType):
             named = ("Content-Type",)
             given = str(context["request"].content_type)

@@ -145,8 +145,9 @@ class RequestTargetMiddleware:
 
 
 def _refused(status: int, code: str, message: str) -> JsonResponse:
-    """RequestTargetMiddleware's refusal, naming the request target (405: with Allow)."""
-    fields = {} if status == 405 else {"target": [message]}
+    """RequestTargetMiddleware's refusal, naming the request target (405: the method, with
+    Allow)."""
+    fields = {"method" if status == 405 else "target": [message]}
     answer = JsonResponse(error_body(code, message, fields), status=status)
     if status == 405:
         answer["Allow"] = SERVER_METHODS

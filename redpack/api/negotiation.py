@@ -24,6 +24,49 @@ class NotAcceptable(exceptions.NotAcceptable):
         self.fields = fields
 
 
+def _ranges(accept: str) -> list[tuple[str, float]]:
+    """The media ranges of an Accept header, each with its weight (RFC 9110 12.4.2; 1 when it
+    gives none, or none that is a number)."""
+    ranges = []
+    for item in accept.split(","):
+        media_range, *parameters = (part.strip().lower() for part in item.split(";"))
+        weight = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip() == "q":
+                try:
+                    weight = float(value.strip())
+                except ValueError:
+                    weight = 1.0
+        ranges.append((media_range, weight))
+    return ranges
+
+
+def _weight(media_type: str, ranges: list[tuple[str, float]]) -> float:
+    """The weight Accept's `ranges` give `media_type`: the most specific range's that matches
+    it (RFC 9110 12.5.1), 0 when none does."""
+    kind = media_type.split(";")[0].strip().lower()
+    family = kind.partition("/")[0] + "/*"
+    found = {media_range: weight for media_range, weight in reversed(ranges)}
+    for media_range in (kind, family, "*/*"):
+        if media_range in found:
+            return found[media_range]
+    return 0.0
+
+
+def acceptable(request: Request, renderers: list[BaseRenderer]) -> list[BaseRenderer]:
+    """`renderers` less those whose type the request's Accept weighs 0 (`application/json;q=0`:
+    not acceptable, which DRF, reading no weights, took as asked for); all of them when no
+    range is weighed 0, as DRF chooses."""
+    accept = request.META.get("HTTP_ACCEPT", "")
+    if "q=0" not in accept.replace(" ", "").lower():
+        return renderers
+    ranges = _ranges(accept)
+    if all(weight > 0 for _, weight in ranges):
+        return renderers
+    return [renderer for renderer in renderers if _weight(renderer.media_type, ranges) > 0]
+
+
 class Negotiation(DefaultContentNegotiation):
     def filter_renderers(
         self, renderers: Iterable[BaseRenderer], format: str
@@ -42,19 +85,22 @@ class Negotiation(DefaultContentNegotiation):
         self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> Any:
         offered = list(renderers)
+        parameter = str(self.settings.URL_FORMAT_OVERRIDE)
+        format = format_suffix or request.query_params.get(parameter)
         try:
-            return super().select_renderer(request, offered, format_suffix)
-        except NotAcceptable:
-            raise
+            return super().select_renderer(request, acceptable(request, offered), format_suffix)
+        except NotAcceptable as refused:  # the format's: no renderer gives it, or Accept weighs
+            if not any(renderer.format == format for renderer in offered):  # its type 0
+                raise
+            cause: exceptions.NotAcceptable = refused
         except exceptions.NotAcceptable as refused:
-            parameter = str(self.settings.URL_FORMAT_OVERRIDE)
-            format = format_suffix or request.query_params.get(parameter)
-            fields: tuple[str, ...] = ("Accept",)
-            if format:  # what the format left (filter_renderers kept at least one)
-                offered = [renderer for renderer in offered if renderer.format == format]
-                fields = ("Accept", parameter)
-            types = ", ".join(dict.fromkeys(str(renderer.media_type) for renderer in offered))
-            raise NotAcceptable(
-                f"no answer of a type the Accept header takes; this path answers in: {types}",
-                fields=fields,
-            ) from refused
+            cause = refused
+        fields: tuple[str, ...] = ("Accept",)
+        if format:  # what the format leaves (filter_renderers kept at least one)
+            offered = [renderer for renderer in offered if renderer.format == format]
+            fields = ("Accept", parameter)
+        types = ", ".join(dict.fromkeys(str(renderer.media_type) for renderer in offered))
+        raise NotAcceptable(
+            f"no answer of a type the Accept header takes; this path answers in: {types}",
+            fields=fields,
+        ) from cause

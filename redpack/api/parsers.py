@@ -18,6 +18,7 @@ here, and a body read as identity that says otherwise would be taken for what it
 
 import codecs
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -113,6 +114,15 @@ def _where(data: Any, faulty: Callable[[Any], bool]) -> str:
     return "body"
 
 
+def _integer(digits: str) -> int:
+    """A JSON integer, refused with a message of this server's when it is longer than Python
+    reads (its own ValueError advised the server's sys.set_int_max_str_digits())."""
+    length, most = len(digits.lstrip("-")), sys.get_int_max_str_digits()
+    if 0 < most < length:
+        raise ValueError(f"a number of {length} digits: at most {most} are read")
+    return int(digits)
+
+
 class StrictJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
         _plain_body(parser_context)
@@ -139,6 +149,7 @@ class StrictJSONParser(JSONParser):
             data = json.load(
                 codecs.getreader(encoding)(stream),  # type: ignore[arg-type]
                 parse_constant=json.strict_constant if self.strict else None,
+                parse_int=_integer,
                 object_pairs_hook=one_value_per_key,
             )
         except RecursionError as exc:

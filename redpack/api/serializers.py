@@ -2,10 +2,12 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from django.http import QueryDict
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from redpack.allocation import Allocation
+from redpack.api.errors import ECHOED
 from redpack.models import Activity, EntryKind, GrabDetail, JournalLine, Refund
 from redpack.selectors import activity_grabbed_count
 from redpack.validation import DEFAULT_EXPIRES_IN, send_limits
@@ -24,7 +26,10 @@ class MoneyField(serializers.Field):
     """An amount as a decimal string of ASCII digits with at most two decimals; never a float."""
 
     default_error_messages = {
-        "invalid": 'Send the amount as a decimal string with at most two decimals, e.g. "12.34".',
+        "invalid": (
+            "Send the amount as a decimal string of at most 10 digits before the point and 2"
+            ' after it, e.g. "12.34".'
+        ),
         "min_value": "Must be at least 0.01.",
     }
 
@@ -41,16 +46,31 @@ class MoneyField(serializers.Field):
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer (or a string of ASCII digits, for HTML forms); never a float or a bool."""
+    """A JSON integer, or in a form's body (whose values are all strings) a string of ASCII
+    digits; never a float, a bool, or a string in JSON."""
 
     def to_internal_value(self, data: Any) -> int:
-        ascii_digits = isinstance(data, str) and data.isascii() and data.lstrip("-").isdigit()
+        from_form = isinstance(getattr(self.root, "initial_data", None), QueryDict)
+        ascii_digits = (
+            from_form and isinstance(data, str) and data.isascii() and data.lstrip("-").isdigit()
+        )
         if isinstance(data, bool) or not (isinstance(data, int) or ascii_digits):
             self.fail("invalid")
         return super().to_internal_value(data)
 
 
-class StrategyField(serializers.ChoiceField):
+class ChoiceField(serializers.ChoiceField):
+    """DRF's, its refusal quoting at most ECHOED characters of what was sent (DRF's quoted all of
+    it: a 60 KB value gave a 60 KB answer)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError:
+            self.fail("invalid_choice", input=str(data)[:ECHOED])
+
+
+class StrategyField(ChoiceField):
     """The strategies a send may name; one configured but not available here is refused with
     the reason (registry.unavailable_reason) rather than "not a valid choice"."""
 
@@ -60,7 +80,7 @@ class StrategyField(serializers.ChoiceField):
                 f"{data!r} is not available here: {registry.unavailable_reason(data)}",
                 code="unavailable",
             )
-        return super().to_internal_value(data)
+        return super().to_internal_value(data)  # type: ignore[no-any-return]
 
 
 class ActivityCreateSerializer(serializers.Serializer):
@@ -75,7 +95,7 @@ class ActivityCreateSerializer(serializers.Serializer):
         limits = send_limits()
         fields["total_count"] = StrictIntegerField(min_value=1, max_value=limits.max_count)
         fields["strategy"] = StrategyField(choices=limits.strategies)
-        fields["allocation"] = serializers.ChoiceField(
+        fields["allocation"] = ChoiceField(
             choices=limits.allocations, default=Allocation.DOUBLE_AVERAGE.value
         )
         fields["expires_in"] = StrictIntegerField(
@@ -93,7 +113,11 @@ class ActivitySerializer(serializers.ModelSerializer):
     )
     remaining_count = serializers.IntegerField(source="surplus_count")
     grabbed_count = serializers.SerializerMethodField()
-    refunded_amount = serializers.SerializerMethodField()
+    # A decimal string, as every amount is (a method field's Decimal went out as a JSON float);
+    # null until the refund.
+    refunded_amount = serializers.DecimalField(
+        source="refund.amount", max_digits=12, decimal_places=2, allow_null=True
+    )
 
     class Meta:
         model = Activity
@@ -116,9 +140,6 @@ class ActivitySerializer(serializers.ModelSerializer):
 
     def get_grabbed_count(self, activity: Activity) -> int:
         return activity_grabbed_count(activity)
-
-    def get_refunded_amount(self, activity: Activity) -> Decimal | None:
-        return activity.refund.amount if hasattr(activity, "refund") else None
 
 
 class GrabResultSerializer(serializers.Serializer):

@@ -36,6 +36,7 @@ from .serializers import (
     ActivityCreateSerializer,
     ActivityGrabSerializer,
     ActivitySerializer,
+    ErrorSerializer,
     GrabDetailSerializer,
     GrabResultSerializer,
     RefundSerializer,
@@ -59,7 +60,7 @@ class ApiRootView(APIView):
     @extend_schema(exclude=True)
     def get(self, request: Request) -> Response:
         names = ["docs", "schema", "token-obtain", "token-refresh", "strategies"]
-        names += ["activity-create", "my-grabs", "my-refunds"]
+        names += ["activity-create", "my-grabs", "my-refunds", "my-wallet", "ping"]
         endpoints = {name: reverse(name) for name in names}
         return Response({"endpoints": endpoints, "health": reverse("healthz")})
 
@@ -238,6 +239,12 @@ class GrabView(GatedView):
                 "seconds when `reason` is `shed`: the activity's line in this server was full; "
                 "a shed answer says nothing of an earlier grab, the retry does).",
             ),
+            503: OpenApiResponse(
+                ErrorSerializer,
+                "outcome_unknown: a store's reply was lost and the grab may or may not have "
+                "been taken; retry after Retry-After seconds: the same user's retry gets the one "
+                "true answer.",
+            ),
         },
     )
     def post(self, request: Request, pk: int) -> Response:
@@ -350,7 +357,7 @@ def read_only(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., Http
     def only_reading(request: HttpRequest) -> HttpResponse:
         if request.method not in ("GET", "HEAD"):
             message = f'method "{request.method}" not allowed'
-            body = error_body("method_not_allowed", message)
+            body = error_body("method_not_allowed", message, {"method": [message]})
             return JsonResponse(body, status=405, headers={"Allow": "GET, HEAD"})
         return view(request)
 

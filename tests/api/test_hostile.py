@@ -253,6 +253,16 @@ def test_a_json_body_that_cannot_be_taken_whole_is_a_400_naming_where(sender, bo
     assert not Activity.objects.exists()
 
 
+def test_a_json_integer_longer_than_python_reads_is_a_400_saying_so(sender):
+    body = '{"total_amount": "1.00", "total_count": ' + "9" * 5000 + ', "strategy": "pessimistic"}'
+    response = client_for(sender).post("/api/activities/", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["code"], list(error["fields"])) == ("parse_error", ["body"])
+    assert "a number of 5000 digits" in error["message"]
+    assert "sys." not in error["message"]  # not Python's advice to the server
+
+
 @pytest.mark.parametrize("charset", ["utf-7", "cp037", "utf-16", "latin-1"])
 def test_json_in_another_charset_than_utf8_is_a_400(sender, charset):
     """RFC 8259: JSON between systems is UTF-8. Decoded as the client declares, one username
@@ -508,8 +518,10 @@ def test_the_auth_scheme_is_read_in_any_case(sender, scheme):
         assert client.get(path, HTTP_AUTHORIZATION=f"{scheme}\t{token}").status_code == 200
         alone = client.get(path, HTTP_AUTHORIZATION=scheme)
         assert alone.status_code == 401
-    other = client.get("/api/ping/", HTTP_AUTHORIZATION=f"Basic {token}")
-    assert other.status_code == 401
+    for other in ("Basic", "Token"):  # credentials sent in a scheme not read here, and said so
+        refused = client.get("/api/ping/", HTTP_AUTHORIZATION=f"{other} {token}")
+        assert refused.status_code == 401
+        assert "scheme is not Bearer" in refused.json()["error"]["message"]
 
 
 def test_expired_token_is_401(sender):
@@ -517,9 +529,12 @@ def test_expired_token_is_401(sender):
     token.set_exp(lifetime=-__import__("datetime").timedelta(seconds=1))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
-    response = client.get("/api/me/grabs/")
-    assert response.status_code == 401
-    assert response.json()["error"]["code"] == "token_not_valid"
+    for path in ("/api/me/grabs/", "/api/ping/"):
+        response = client.get(path)
+        assert response.status_code == 401
+        error = response.json()["error"]
+        assert error["code"] == "token_not_valid"
+        assert error["message"].endswith("Token is expired"), error  # why, not just that
 
 
 @pytest.mark.parametrize(
@@ -582,6 +597,7 @@ def test_the_schema_and_its_ui_answer_other_methods_in_json(path):
         refused = method(path)
         assert refused.status_code == 405 and refused["Content-Type"] == "application/json"
         assert refused.json()["error"]["code"] == "method_not_allowed"
+        assert list(refused.json()["error"]["fields"]) == ["method"]
     assert client.get(path).status_code == 200
 
 
@@ -606,6 +622,9 @@ def test_the_schema_and_its_ui_ignore_a_stale_token_and_answer_their_errors_in_j
         ("?format=" + "x" * 5000, "", "format", "json"),
         ("", "application/xml", "Accept", "application/json"),
         ("", "text/csv;q=1, image/*", "Accept", "application/json"),
+        ("", "application/json;q=0", "Accept", "application/json"),  # weight 0: not acceptable
+        ("", "*/*; q=0.000", "Accept", "application/json"),
+        ("", "application/*;q=0, image/png", "Accept", "application/json"),
     ],
 )
 def test_an_answer_in_a_form_the_path_does_not_give_is_a_406_naming_what_asked(
@@ -629,6 +648,14 @@ def test_an_answer_in_a_form_the_path_does_not_give_is_a_406_naming_what_asked(
         assert offered in error["message"] and len(refused.content) < 1000
     assert not GrabDetail.objects.filter(activity_id=activity.id).exists()
     assert client.get("/api/ping/?format=json").json() == {"pong": True}
+
+
+@pytest.mark.parametrize(
+    "accept", ["application/json;q=0.5", "text/html;q=0, */*", "*/*;q=0, application/json"]
+)
+def test_an_accept_that_weighs_json_above_0_is_answered_in_json(sender, accept):
+    answered = client_for(sender).get("/api/ping/", HTTP_ACCEPT=accept)
+    assert answered.status_code == 200 and answered.json() == {"pong": True}
 
 
 def test_a_format_and_an_accept_that_ask_for_different_answers_are_both_named(sender):
@@ -667,6 +694,7 @@ def test_the_probes_refuse_other_methods_in_json_before_any_csrf_check(path):
         refused = method(path)
         assert refused.status_code == 405, refused.content
         assert refused.json()["error"]["code"] == "method_not_allowed"
+        assert list(refused.json()["error"]["fields"]) == ["method"]
         assert refused["Allow"] == "GET, HEAD"
     assert client.get("/healthz").status_code in (200, 503)
 

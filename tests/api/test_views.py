@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import ledger
+from redpack import ledger, services
 from redpack.models import Activity, GrabDetail
 
 pytestmark = pytest.mark.django_db
@@ -52,12 +52,18 @@ def test_send_grab_view_and_list(sender, make_users):
     assert state["remaining_count"] == 9
     assert Decimal(state["remaining_amount"]) == Decimal("100.00") - amount
     assert state["grabbed_count"] == 1
+    assert state["refunded_amount"] is None
 
     mine = client_for(grabber).get("/api/me/grabs/").json()
     assert mine["count"] == 1
     assert mine["results"][0]["activity"] == body["id"]
     assert mine["results"][0]["amount"] == grab.json()["amount"]
     assert client_for(sender).get("/api/me/grabs/").json()["count"] == 0
+
+    services.activity_expire(activity_id=body["id"], force=True)
+    state = client_for(grabber).get(f"/api/activities/{body['id']}/").json()
+    assert state["status"] == "refunded"
+    assert state["refunded_amount"] == str(Decimal("100.00") - amount)  # a decimal string
 
 
 def test_sold_out_answer(sender, make_users):
@@ -95,6 +101,8 @@ def test_grab_authenticates_without_touching_the_user_table(sender, make_users):
         ({"total_count": 0}, "total_count"),
         ({"total_count": 10_001}, "total_count"),
         ({"total_count": "ten"}, "total_count"),
+        ({"total_count": "2"}, "total_count"),  # a string: a JSON integer is asked for
+        ({"expires_in": "60"}, "expires_in"),
         ({"strategy": "nope"}, "strategy"),
         ({"allocation": "lottery"}, "allocation"),
         ({"expires_in": 0}, "expires_in"),
@@ -110,6 +118,24 @@ def test_bad_send_input_is_a_400_naming_the_field(sender, overrides, field):
     assert Activity.objects.count() == 0
 
 
+@pytest.mark.parametrize("form", ["multipart", "urlencoded"])
+def test_a_send_in_a_form_gives_its_integers_as_strings(sender, form):
+    """A form's values are all strings (the browsable API's form): its digits are integers,
+    where in JSON the same string is refused."""
+    fields = {"total_amount": "3.00", "total_count": "3", "strategy": "pessimistic"}
+    fields["expires_in"] = "60"
+    client = client_for(sender)
+    if form == "multipart":
+        response = client.post("/api/activities/", fields, format="multipart")
+    else:
+        body = "&".join(f"{name}={value}" for name, value in fields.items())
+        response = client.post(
+            "/api/activities/", body, content_type="application/x-www-form-urlencoded"
+        )
+    assert response.status_code == 201, response.content
+    assert response.json()["total_count"] == 3
+
+
 def test_missing_field_and_malformed_json(sender):
     client = client_for(sender)
     response = client.post("/api/activities/", {"total_count": 3}, format="json")
@@ -118,6 +144,14 @@ def test_missing_field_and_malformed_json(sender):
     response = client.post("/api/activities/", "{not json", content_type="application/json")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "parse_error"
+
+
+@pytest.mark.parametrize("path", ["/api/activities/", "/api/token/", "/api/token/refresh/"])
+@pytest.mark.parametrize("body", ["[]", "null", '"x"', "12", "true"])
+def test_a_json_body_that_is_no_object_names_the_body(sender, path, body):
+    response = client_for(sender).post(path, body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()["error"]["fields"]) == ["body"], response.json()
 
 
 @pytest.mark.parametrize(
@@ -130,10 +164,21 @@ def test_missing_field_and_malformed_json(sender):
     ],
 )
 def test_unknown_activity_is_a_404(sender, path):
+    """Naming `id`; an id no activity can have (thousands of digits) is not said back."""
     client = client_for(sender)
     response = client.post(path) if path.endswith("grab/") else client.get(path)
     assert response.status_code == 404
-    assert response.json()["error"]["code"] == "not_found"
+    error = response.json()["error"]
+    assert (error["code"], list(error["fields"])) == ("not_found", ["id"])
+    assert str(2**70) not in response.content.decode()
+
+
+@pytest.mark.parametrize("field", ["strategy", "allocation"])
+def test_a_choice_refused_quotes_at_most_the_start_of_what_was_sent(sender, field):
+    response = send(client_for(sender), **{field: "x" * 60_000})
+    assert response.status_code == 400
+    assert len(response.content) < 500, len(response.content)
+    assert list(response.json()["error"]["fields"]) == [field]
 
 
 @pytest.mark.parametrize("path", ["/api/activities/abc/grab/", "/api/nowhere/"])
