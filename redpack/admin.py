@@ -32,6 +32,7 @@ from .models import (
     PersistFailureStatus,
     Refund,
 )
+from .money import AMOUNT_FORMAT, AMOUNT_TEXT
 
 REPORTS = settings.BASE_DIR / "reports"
 
@@ -435,7 +436,9 @@ class PersistFailureAdmin(ReadOnlyAdmin):
 
 class DepositForm(forms.Form):
     username = forms.CharField(max_length=150)
-    amount = forms.DecimalField(max_digits=18, decimal_places=2, min_value=Decimal("0.01"))
+    # Written as the API takes amounts (money.AMOUNT_TEXT): Django's DecimalField also took
+    # `1e3`, `1E+2` and other scripts' digits.
+    amount = forms.CharField(max_length=20, help_text="e.g. 100.00")
     memo = forms.CharField(max_length=200, required=False)
 
     def clean_username(self) -> int:
@@ -445,11 +448,15 @@ class DepositForm(forms.Form):
         return int(user.pk)
 
     def clean_amount(self) -> Decimal:
+        text = self.cleaned_data["amount"]
+        if not AMOUNT_TEXT.fullmatch(text):
+            raise forms.ValidationError(AMOUNT_FORMAT)
+        amount = Decimal(text)
         try:
-            ledger.deposit_cents(self.cleaned_data["amount"])
+            ledger.deposit_cents(amount)
         except RedpackError as exc:
             raise forms.ValidationError(exc.message) from exc
-        return self.cleaned_data["amount"]
+        return amount
 
 
 @admin.register(Account)

@@ -1,11 +1,20 @@
 """Money is integer cents in code and in Redis, DECIMAL(…, 2) in MySQL, decimal strings in JSON."""
 
+import re
 from decimal import Decimal, InvalidOperation
 
 from django.db.models import DecimalField, F, Sum, Value
 from django.db.models.functions import Coalesce, Round
 
 CENT = Decimal("0.01")
+
+# An amount as a client writes it (the API's bodies, the admin's deposit form): ASCII digits, at
+# most 10 before the point and 2 after it; no sign, exponent, blank or other script's digits.
+AMOUNT_TEXT = re.compile(r"[0-9]{1,10}(\.[0-9]{1,2})?")
+AMOUNT_FORMAT = (
+    "Send the amount as a decimal string of at most 10 digits before the point and 2 after it,"
+    ' e.g. "12.34".'
+)
 
 
 def to_cents(amount: Decimal | str | int) -> int:

@@ -312,10 +312,11 @@ def test_admin_books_are_read_only_and_show_the_crediting_lag(staff_client, make
 
 def test_admin_deposit_checks_the_amount_and_books_it_from_funding(staff_client, make_users):
     (user,) = make_users(1, balance="0")
-    bad = staff_client.post(
-        "/admin/redpack/account/deposit/", {"username": user.username, "amount": "0.001"}
-    )
-    assert bad.status_code == 200 and not Account.objects.filter(user=user).exists()
+    for amount in ("0.001", "1e3", "1E+2", "\uff11", "-1", "0", "99999999999"):
+        bad = staff_client.post(
+            "/admin/redpack/account/deposit/", {"username": user.username, "amount": amount}
+        )
+        assert bad.status_code == 200 and not Account.objects.filter(user=user).exists(), amount
     ghost = staff_client.post(
         "/admin/redpack/account/deposit/", {"username": "nobody", "amount": "1"}
     )

@@ -1,4 +1,3 @@
-import re
 from decimal import Decimal
 from typing import Any
 
@@ -9,13 +8,13 @@ from rest_framework import serializers
 from redpack.allocation import Allocation
 from redpack.api.errors import ECHOED
 from redpack.models import Activity, EntryKind, GrabDetail, JournalLine, Refund
+from redpack.money import AMOUNT_FORMAT, AMOUNT_TEXT
 from redpack.selectors import activity_grabbed_count
 from redpack.validation import DEFAULT_EXPIRES_IN, send_limits
 from strategies import registry
 from strategies.base import Outcome
 
-MONEY_PATTERN = r"^[0-9]{1,10}(\.[0-9]{1,2})?$"
-# What the schema publishes: the strings of MONEY_PATTERN worth at least 0.01, without leading
+# What the schema publishes: the strings of money.AMOUNT_TEXT worth at least 0.01, without leading
 # zeros (a pattern cannot say "minimum", and a client reading the schema must not be led to
 # send "0").
 MONEY_SCHEMA_PATTERN = r"^([1-9][0-9]{0,9}(\.[0-9]{1,2})?|0\.(0[1-9]|[1-9][0-9]?))$"
@@ -26,15 +25,12 @@ class MoneyField(serializers.Field):
     """An amount as a decimal string of ASCII digits with at most two decimals; never a float."""
 
     default_error_messages = {
-        "invalid": (
-            "Send the amount as a decimal string of at most 10 digits before the point and 2"
-            ' after it, e.g. "12.34".'
-        ),
+        "invalid": AMOUNT_FORMAT,
         "min_value": "Must be at least 0.01.",
     }
 
     def to_internal_value(self, data: object) -> Decimal:
-        if not isinstance(data, str) or not re.fullmatch(MONEY_PATTERN, data):
+        if not isinstance(data, str) or not AMOUNT_TEXT.fullmatch(data):
             self.fail("invalid")
         amount = Decimal(data)
         if amount < Decimal("0.01"):
