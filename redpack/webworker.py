@@ -324,6 +324,7 @@ _ERROR_CODES = {
     400: "bad_request",
     403: "forbidden",
     408: "request_timeout",
+    413: "too_large",
     431: "request_headers_too_large",
 }
 # gunicorn gives a parsed header's name upper-cased; anything else it gives is a raw line.
@@ -354,6 +355,8 @@ def error_answer(exc: BaseException, status_line: str) -> bytes:
         status = int(status_line.split(" ", 2)[1])
     except (IndexError, ValueError):
         status_line, status = "HTTP/1.1 400 Bad Request", 400
+    if isinstance(exc, Refused) and exc.status is not None:
+        status = exc.status
     with contextlib.suppress(ValueError):  # gunicorn's own line for a status HTTPStatus lacks
         status_line = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"  # gunicorn: 501 Bad Request
     field = None
@@ -406,15 +409,20 @@ class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
     `field`: what its answer names, when not the header `hdr` as headers are named
     (`error_answer`)."""
 
-    def __init__(self, hdr: str, why: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, hdr: str, why: str, *, field: str | None = None, status: int | None = None
+    ) -> None:
         super().__init__(hdr)
         self.why = why
         self.field = field
+        self.status = status  # the answer's, when not gunicorn's 400
 
     def __str__(self) -> str:
         return self.why
 
 
+# The transfer codings gunicorn 23 takes (before a last chunked; `Message.set_body_reader`).
+_KNOWN = frozenset({"chunked", "identity", "compress", "deflate", "gzip"})
 _CHUNKED_LAST = "a request's Transfer-Encoding ends with chunked (or it has none)"
 _KNOWN_CODINGS = "a request's Transfer-Encoding is chunked, after gzip, deflate or compress if any"
 
@@ -445,12 +453,16 @@ def refused_head(req: Any) -> Refused | None:
 
 
 def _options(req: Any, name: str) -> Iterator[str]:
-    """The options of every `name` header of `req` (a list: RFC 9110 5.6.1), in lower case,
-    trimmed of spaces and tabs alone (Python's strip() takes \\x0b or \\xa0 for a space too)."""
+    """The options of every `name` header of `req` (`options`)."""
     for header, value in req.headers:
         if header == name:
-            for option in value.split(","):
-                yield option.strip(" \t").lower()
+            yield from options(value)
+
+
+def options(value: str) -> list[str]:
+    """The options of a header's value (a list: RFC 9110 5.6.1), in lower case, trimmed of
+    spaces and tabs alone (Python's strip() takes \\x0b or \\xa0 for a space too)."""
+    return [option.strip(" \t").lower() for option in value.split(",")]
 
 
 def as_client_error(exc: BaseException) -> BaseException:
@@ -581,12 +593,27 @@ _CHUNK_EXTENSIONS = re.compile(
 )
 
 
+def chunk_line_ok(line: bytes) -> bool:
+    """Whether `line` (without its CRLF) is a chunk's size line as RFC 9112 7.1.1 writes it: hex
+    digits, then extensions, each `;` and a token name, with `=` and a token or quoted-string
+    value if any, spaces or tabs around them."""
+    semicolon = line.find(b";")
+    size = line if semicolon < 0 else line[:semicolon].rstrip(b" \t")
+    if not _CHUNK_SIZE.fullmatch(size):
+        return False
+    return semicolon < 0 or _CHUNK_EXTENSIONS.fullmatch(line, len(size)) is not None
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
+CHUNKS_CUT_SHORT = "the request's chunked body ended before its last chunk and trailers"
+
+
 class StrictChunkedReader(ChunkedReader):  # type: ignore[misc]
-    """gunicorn's chunked body reader, with each chunk's extensions checked (RFC 9112 7.1.1):
-    gunicorn read anything between the size and the CRLF as extensions, a bare LF, a NUL or an
-    unended quote included. A proxy that ends the line at the LF (or at the quote's end) sees
-    other chunks than this server: a body that hides a second request from one of them. Such a
-    line is InvalidChunkSize, as a bad size is."""
+    """gunicorn's chunked body reader, with each chunk's line checked (`chunk_line_ok`): gunicorn
+    read anything between the size and the CRLF as extensions, a bare LF, a NUL or an unended
+    quote included. A proxy that ends the line at the LF (or at the quote's end) sees other
+    chunks than this server: a body that hides a second request from one of them. Such a line is
+    InvalidChunkSize, as a bad size is."""
 
     def parse_chunk_size(self, unreader: Any, data: bytes | None = None) -> Any:
         buf = io.BytesIO()
@@ -595,16 +622,9 @@ class StrictChunkedReader(ChunkedReader):  # type: ignore[misc]
         while (line_end := buf.getvalue().find(b"\r\n")) < 0:
             self.get_data(unreader, buf)  # NoMoreData at the end of the stream, as gunicorn's
         line = buf.getvalue()[:line_end]
-        semicolon = line.find(b";")
-        if semicolon >= 0:
-            size_end = len(line[:semicolon].rstrip(b" \t"))
-            if not _CHUNK_EXTENSIONS.fullmatch(line, size_end):
-                raise http_errors.InvalidChunkSize(line[:40])
+        if not chunk_line_ok(line):
+            raise http_errors.InvalidChunkSize(line[:40])
         return super().parse_chunk_size(unreader, buf.getvalue())
-
-
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
-CHUNKS_CUT_SHORT = "the request's chunked body ends before its last chunk"
 
 
 class ChunkWalk:
@@ -612,8 +632,9 @@ class ChunkWalk:
     bytes of its request: where the first chunk line not yet whole begins (`at`), and how far
     the search for its end has gone. Each chunk's data is stepped over, and a line is searched
     once: a piece of a body sent in pieces costs the loop its own bytes, not the body's so far.
-    The lines are only walked, not checked: the thread's parse (`_chunks_all_read`,
-    `StrictChunkedReader`) refuses a malformed one, before any view."""
+    Each line and each chunk's CRLF is judged as soon as gunicorn's parser would judge it (a
+    line once it has ended): one that is wrong hands the request over, and the thread's parse
+    (`_chunks_all_read`, `StrictChunkedReader`) refuses it, before any view."""
 
     def __init__(self, start: int, most: int) -> None:
         self.start = self.at = self.searched = start
@@ -622,10 +643,14 @@ class ChunkWalk:
 
     def to_come(self, data: bytes) -> int:
         """How long `data` must grow before the body may have ended; 0 when the request is to go
-        to a thread now: its last chunk and trailers are there, or what came is no chunked body
-        (a chunk line that begins with no size, or a line past LINE_BYTES), or the body runs past
-        `most` bytes (the app answers without reading it, and the connection closes after)."""
+        to a thread now: its last chunk and trailers are there, or a line or a chunk's CRLF is
+        wrong (the thread's parse refuses it, 400), or the body runs past `most` bytes or a line
+        past LINE_BYTES (the thread refuses it unread, 413, `handle_request`)."""
         while True:
+            if self.at > len(data):  # a chunk's data, and its CRLF, still to come
+                return self.at
+            if self.at > self.start and not self.last and data[self.at - 2 : self.at] != b"\r\n":
+                return 0  # the chunk's data runs on past its size
             if self.last and data.startswith(b"\r\n", self.at):
                 return 0
             end = b"\r\n\r\n" if self.last else b"\r\n"
@@ -633,25 +658,19 @@ class ChunkWalk:
             if found < 0:
                 if len(data) - self.at >= LINE_BYTES:
                     return 0
-                if not self.last and len(data) > self.at and not _CHUNK_SIZE.match(data, self.at):
-                    return 0  # a line that begins with no size: no need to wait for its end
-                self.searched = len(data) - len(end) + 1  # an end split across two reads
+                self.searched = max(self.at, len(data) - len(end) + 1)  # an end split in two
                 return len(data) + 1
-            if self.last:
+            line = data[self.at : found]
+            if self.last or not chunk_line_ok(line):
                 return 0
-            size = _CHUNK_SIZE.match(data, self.at, found)
-            if size is None:
-                return 0
+            size = int(line.split(b";", 1)[0].rstrip(b" \t"), 16)
             self.at = self.searched = found + 2
-            length = int(size.group(), 16)
-            if length == 0:
+            if size == 0:
                 self.last = True
                 continue
-            self.at = self.searched = self.at + length + 2  # its data and CRLF
+            self.at = self.searched = self.at + size + 2  # its data and CRLF
             if self.at - self.start > self.most:
                 return 0
-            if self.at > len(data):
-                return self.at
 
 
 class Arrival:
@@ -695,15 +714,15 @@ def arrival(
     data: bytes, *, body_bytes: int, fresh: int | None = None
 ) -> tuple[str, bool, int, ChunkWalk | None]:
     """Whether the request whose bytes so far are `data` has arrived: its head, and its body
-    when that has a Content-Length of at most `body_bytes`, or is chunked (`Transfer-Encoding:
-    chunked` alone) and ends within `body_bytes` (a longer one is the app's to refuse, 413, or to
-    answer unread: the grab and the ping read no body, and the connection closes after the
-    answer). Second: whether the client waits for a 100 Continue before it sends that body
-    (HTTP/1.1 or a later 1.x, `Expect: 100-continue`, the body not all there). Third, when
-    waiting for a body: how many bytes `data` must hold before anything changes (the head is not
-    parsed again for every piece of a body sent in pieces); else 0. Fourth, for a chunked body
-    still to come: the walk over its chunks, which goes on from where it stopped as the rest
-    comes (`ChunkWalk.to_come`); else None.
+    when that has a Content-Length of at most `body_bytes` (a longer one is the app's to refuse,
+    413), or is chunked (its last transfer coding, on HTTP/1.1 or a later 1.x) and ends within
+    `body_bytes` (a longer one the thread refuses, 413, `handle_request`). Second: whether the
+    client waits for a 100 Continue before it sends that body (HTTP/1.1 or a later 1.x, `Expect:
+    100-continue`, the body not all there). Third, when waiting for a body: how many bytes
+    `data` must hold before anything changes (the head is not parsed again for every piece of a
+    body sent in pieces); else 0. Fourth, for a chunked body still to come: the walk over its
+    chunks, which goes on from where it stopped as the rest comes (`ChunkWalk.to_come`); else
+    None.
 
     Anything odd in a head that has ended (folded lines, a header without a colon, two
     Content-Lengths, a Transfer-Encoding other than chunked alone) goes to a thread as it is:
@@ -729,7 +748,7 @@ def arrival(
         return (Arrival.INVALID if stuck else Arrival.WAIT), False, 0, None
     lines = rest[:head_end].split(b"\r\n")
     lengths: list[bytes] = []
-    codings: list[bytes] = []
+    codings: list[str] = []
     expect = False
     for header in lines[1:]:
         name, colon, value = header.partition(b":")
@@ -739,12 +758,15 @@ def arrival(
         if name == b"content-length":
             lengths.append(value)
         elif name == b"transfer-encoding":
-            codings.append(value.strip(b" \t").lower())
+            codings += options(value.decode("latin-1"))
         elif name == b"expect":
             expect = value.lower() == b"100-continue"
-    expect = expect and _LATER_THAN_1_0.search(lines[0]) is not None
+    later = _LATER_THAN_1_0.search(lines[0]) is not None  # Expect and chunked: 1.1 and later
+    expect = expect and later
     body_starts = len(data) - len(rest) + head_end + 4
-    if codings == [b"chunked"] and not lengths:
+    # Chunked last and once, after codings gunicorn knows (else it refuses the head at once).
+    chunked = codings[-1:] == ["chunked"] and codings.count("chunked") == 1
+    if chunked and later and not lengths and _KNOWN.issuperset(codings):
         walk = ChunkWalk(body_starts, body_bytes)
         complete_at = walk.to_come(data)
         if complete_at:
@@ -1033,18 +1055,24 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             except (http_errors.ParseException, OSError) as exc:  # never acted on
                 conn.linger = True
                 raise Refused("", "the request's chunked body is malformed", field="body") from exc
+            reader = conn.parser.mesg.body.reader
             if not read and conn.ended:
                 # Its client shut down its side before all of the body came (the loop waits
                 # for a body, and hands it over then): never acted on either, where the grab and
                 # the ping, which read no body, ran as if it were whole.
-                reader = conn.parser.mesg.body.reader
                 if isinstance(reader, LengthReader):
                     raise Refused("CONTENT-LENGTH", BODY_CUT_SHORT.format(reader.length))
                 raise Refused("", CHUNKS_CUT_SHORT, field="body")
+            if not read and isinstance(reader, ChunkedReader):
+                # Past what the loop waits for (`ChunkWalk`): its end unseen, whether its chunks
+                # are whole or hide a request is unknown, and no view reads it (411, or the grab
+                # and the ping, which read none): refused unread, never acted on.
+                conn.linger = True
+                raise Refused("", self._chunks_too_long, field="body", status=413)
         if not read:
-            # Longer than the loop reads (`arrival`): the app answers without reading it (413,
-            # or the grab's and ping's own answer), and the connection closes after the answer,
-            # lingering for what is still sent.
+            # A Content-Length longer than the loop reads (`arrival`): the app refuses it unread
+            # (413), and the connection closes after the answer, lingering for what is still
+            # sent.
             req.must_close = conn.linger = expect = True
         elif req.method == "CONNECT":
             # Refused (405: no proxy here), and closed after the answer: a client may send its
@@ -1279,6 +1307,13 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         holds the connection, and the selector's map is a dict whose single operations the
         interpreter lock keeps whole; the threads register other connections meanwhile."""
         self.poller.unregister(client)
+
+    @cached_property
+    def _chunks_too_long(self) -> str:
+        return (
+            f"a chunked body longer than {self._body_bytes} bytes, or with a line longer than"
+            f" {LINE_BYTES}, is not read here"
+        )
 
     @cached_property
     def _body_bytes(self) -> int:

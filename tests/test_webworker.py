@@ -1243,9 +1243,19 @@ WAIT, READY, INVALID = webworker.Arrival.WAIT, webworker.Arrival.READY, webworke
         (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", READY, False),
         (GRAB_HEAD + b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n", WAIT, True),
         (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", READY, False),  # no size
-        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\nz", READY, False),  # nor will it be
+        # A line is judged once it has ended, as gunicorn's parser judges it.
+        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\nz", WAIT, False),
+        (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nz", WAIT, False),
         (GRAB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n10\r\n", READY, False),  # over 10
-        (GRAB_HEAD + b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhel", READY, False),
+        (GRAB_HEAD + b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhel", WAIT, False),
+        (
+            GRAB_HEAD + b"Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n\r\n",
+            WAIT,
+            False,
+        ),
+        (GRAB_HEAD + b"Transfer-Encoding: chunked, chunked\r\n\r\n", READY, False),
+        (GRAB_HEAD + b"Transfer-Encoding: br, chunked\r\n\r\n", READY, False),  # gunicorn: 400
+        (GRAB_HEAD.replace(b"1.1", b"1.0") + b"Transfer-Encoding: chunked\r\n\r\n", READY, False),
         (GRAB_HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", READY, False),
         (GRAB_HEAD + b"Transfer-Encoding: gzip\r\n\r\n", READY, False),
         (GRAB_HEAD + b"X-Folded: a\r\n b\r\nContent-Length: 5\r\n\r\n", READY, False),

@@ -162,7 +162,7 @@ class RequestSizeLimitMiddleware:
 
     A body sent without a Content-Length (`Transfer-Encoding`) is one Django would not read at
     all (it reads Content-Length bytes): a request that could carry a body the view reads (POST,
-    PUT, PATCH) is answered 411 at once, naming the header, rather than as if it had no body;
+    PUT, PATCH) is answered 411, naming the header, rather than as if it had no body;
     not the grab and the ping, which read none. Reading such a body here instead would hold a
     thread for as long as a client takes to send it, before any authentication: a proxy in front
     (deploy/nginx.conf) reads chunked bodies and passes them on with their length.

@@ -4,6 +4,7 @@
 `Accept`, and `format` too when one was asked for (the two then ask for different things). Each
 lists what the path answers in (in the format asked for)."""
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,21 +25,27 @@ class NotAcceptable(exceptions.NotAcceptable):
         self.fields = fields
 
 
+# A weight as RFC 9110 12.4.2 writes it: 0 to 1, at most three decimals.
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
+
+
 def _ranges(accept: str) -> list[tuple[str, float]]:
-    """The media ranges of an Accept header, each with its weight (RFC 9110 12.4.2; 1 when it
-    gives none, or none that is a number)."""
+    """The media ranges of an Accept header, each with its weight (1 when it gives none, or one
+    RFC 9110 12.4.2 does not write, `q=-1` or `q=nan`); a range with a parameter of its own
+    (`application/json;version=2`) is left out: it matches no type this server answers in,
+    which carry none (12.5.1)."""
     ranges = []
     for item in accept.split(","):
         media_range, *parameters = (part.strip().lower() for part in item.split(";"))
-        weight = 1.0
+        weight, own = 1.0, False
         for parameter in parameters:
             name, _, value = parameter.partition("=")
-            if name.strip() == "q":
-                try:
-                    weight = float(value.strip())
-                except ValueError:
-                    weight = 1.0
-        ranges.append((media_range, weight))
+            if name.strip() != "q":
+                own = True
+            elif _QVALUE.fullmatch(value.strip()):
+                weight = float(value)
+        if not own:
+            ranges.append((media_range, weight))
     return ranges
 
 

@@ -651,7 +651,15 @@ def test_an_answer_in_a_form_the_path_does_not_give_is_a_406_naming_what_asked(
 
 
 @pytest.mark.parametrize(
-    "accept", ["application/json;q=0.5", "text/html;q=0, */*", "*/*;q=0, application/json"]
+    "accept",
+    [
+        "application/json;q=0.5",
+        "text/html;q=0, */*",
+        "*/*;q=0, application/json",
+        "application/json;q=-1, text/html;q=0",  # a weight RFC 9110 does not write: none
+        "application/json;q=nan, text/html;q=0",
+        "application/json;version=2;q=0, */*",  # a range with a parameter: not plain JSON
+    ],
 )
 def test_an_accept_that_weighs_json_above_0_is_answered_in_json(sender, accept):
     answered = client_for(sender).get("/api/ping/", HTTP_ACCEPT=accept)
