@@ -3,6 +3,8 @@
 # A request body that ended before its Content-Length: refused by the web worker before the app
 # (redpack/webworker.py), and by the app where no such worker serves it (api/middleware.py).
 BODY_CUT_SHORT = "the body ended before its Content-Length ({} bytes)"
+# A token whose user was deactivated or deleted since it was signed (redpack/bans.py).
+USER_BANNED = "this user is deactivated or deleted"
 
 
 class RedpackError(Exception):
@@ -55,7 +57,7 @@ class RequestRefused(RedpackError):
     code = "refused"
 
     def __init__(self, *, disabled: bool, count: int | None = None) -> None:
-        super().__init__("this user is deactivated" if disabled else "too many grabs")
+        super().__init__(USER_BANNED if disabled else "too many grabs")
         self.disabled = disabled
         self.count = count
         self.code = "user_inactive" if disabled else "throttled"

@@ -206,3 +206,5 @@ def test_a_deactivated_user_is_refused_on_an_activity_known_finished(strategy, s
     refused = grab(clients[1], activity.pk)
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "user_inactive"
+    # the set holds deleted users too: the message says both
+    assert refused.json()["error"]["message"] == "this user is deactivated or deleted"

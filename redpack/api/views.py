@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from rest_framework_simplejwt.views import TokenObtainPairView, TokenRefreshView
 
 from redpack import exposition, health, selectors, services
-from redpack.errors import ChecksNotMade, RequestRefused
+from redpack.errors import USER_BANNED, ChecksNotMade, RequestRefused
 from redpack.money import from_cents
 from strategies import registry
 from strategies.base import GrabResult, Outcome
@@ -176,7 +176,7 @@ class GatedView(APIView):
         return False
 
     def refuse_disabled(self) -> NoReturn:
-        raise AuthenticationFailed("this user is deactivated", code="user_inactive")
+        raise AuthenticationFailed(USER_BANNED, code="user_inactive")
 
 
 class GrabView(GatedView):
