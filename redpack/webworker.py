@@ -422,7 +422,7 @@ class Refused(http_errors.InvalidHeader):  # type: ignore[misc]
 
 
 # The transfer codings gunicorn 23 takes (before a last chunked; `Message.set_body_reader`).
-_KNOWN = frozenset({"chunked", "identity", "compress", "deflate", "gzip"})
+_GUNICORN_CODINGS = frozenset({"chunked", "identity", "compress", "deflate", "gzip"})
 _CHUNKED_LAST = "a request's Transfer-Encoding ends with chunked (or it has none)"
 _KNOWN_CODINGS = "a request's Transfer-Encoding is chunked, after gzip, deflate or compress if any"
 
@@ -766,7 +766,7 @@ def arrival(
     body_starts = len(data) - len(rest) + head_end + 4
     # Chunked last and once, after codings gunicorn knows (else it refuses the head at once).
     chunked = codings[-1:] == ["chunked"] and codings.count("chunked") == 1
-    if chunked and later and not lengths and _KNOWN.issuperset(codings):
+    if chunked and later and not lengths and _GUNICORN_CODINGS.issuperset(codings):
         walk = ChunkWalk(body_starts, body_bytes)
         complete_at = walk.to_come(data)
         if complete_at:
