@@ -29,12 +29,12 @@ class NotAcceptable(exceptions.NotAcceptable):
 _QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
 
-def _ranges(accept: str) -> list[tuple[str, float]]:
+def _ranges(accept: str) -> dict[str, float]:
     """The media ranges of an Accept header, each with its weight (1 when it gives none, or one
-    RFC 9110 12.4.2 does not write, `q=-1` or `q=nan`); a range with a parameter of its own
-    (`application/json;version=2`) is left out: it matches no type this server answers in,
-    which carry none (12.5.1)."""
-    ranges = []
+    RFC 9110 12.4.2 does not write, `q=-1` or `q=nan`; a range given twice, its first); a range
+    with a parameter of its own (`application/json;version=2`) is left out: it matches no type
+    this server answers in, which carry none (12.5.1)."""
+    ranges: dict[str, float] = {}
     for item in accept.split(","):
         media_range, *parameters = (part.strip().lower() for part in item.split(";"))
         weight, own = 1.0, False
@@ -45,19 +45,18 @@ def _ranges(accept: str) -> list[tuple[str, float]]:
             elif _QVALUE.fullmatch(value.strip()):
                 weight = float(value)
         if not own:
-            ranges.append((media_range, weight))
+            ranges.setdefault(media_range, weight)
     return ranges
 
 
-def _weight(media_type: str, ranges: list[tuple[str, float]]) -> float:
+def _weight(media_type: str, ranges: dict[str, float]) -> float:
     """The weight Accept's `ranges` give `media_type`: the most specific range's that matches
     it (RFC 9110 12.5.1), 0 when none does."""
     kind = media_type.split(";")[0].strip().lower()
     family = kind.partition("/")[0] + "/*"
-    found = {media_range: weight for media_range, weight in reversed(ranges)}
     for media_range in (kind, family, "*/*"):
-        if media_range in found:
-            return found[media_range]
+        if media_range in ranges:
+            return ranges[media_range]
     return 0.0
 
 
@@ -69,7 +68,7 @@ def acceptable(request: Request, renderers: list[BaseRenderer]) -> list[BaseRend
     if "q=0" not in accept.replace(" ", "").lower():
         return renderers
     ranges = _ranges(accept)
-    if all(weight > 0 for _, weight in ranges):
+    if all(weight > 0 for weight in ranges.values()):
         return renderers
     return [renderer for renderer in renderers if _weight(renderer.media_type, ranges) > 0]
 
@@ -92,16 +91,15 @@ class Negotiation(DefaultContentNegotiation):
         self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> Any:
         offered = list(renderers)
-        parameter = str(self.settings.URL_FORMAT_OVERRIDE)
-        format = format_suffix or request.query_params.get(parameter)
         try:
             return super().select_renderer(request, acceptable(request, offered), format_suffix)
-        except NotAcceptable as refused:  # the format's: no renderer gives it, or Accept weighs
-            if not any(renderer.format == format for renderer in offered):  # its type 0
-                raise
-            cause: exceptions.NotAcceptable = refused
         except exceptions.NotAcceptable as refused:
             cause = refused
+        # Worked out on a refusal alone (a grab's answer is negotiated on every request).
+        parameter = str(self.settings.URL_FORMAT_OVERRIDE)
+        format = format_suffix or request.query_params.get(parameter)
+        if isinstance(cause, NotAcceptable) and not any(r.format == format for r in offered):
+            raise cause  # the format's own: no renderer gives it (else Accept weighed it 0)
         fields: tuple[str, ...] = ("Accept",)
         if format:  # what the format leaves (filter_renderers kept at least one)
             offered = [renderer for renderer in offered if renderer.format == format]
