@@ -1,6 +1,8 @@
 """The MySQL/MariaDB error numbers this project acts on, named once, and how to read one off a
 driver's exception (mysqlclient puts it first in `args`)."""
 
+from django.db import InterfaceError, OperationalError
+
 LOCK_WAIT_TIMEOUT = 1205  # ER_LOCK_WAIT_TIMEOUT
 DEADLOCK = 1213  # ER_LOCK_DEADLOCK
 LOCK_NOWAIT = 3572  # ER_LOCK_NOWAIT
@@ -20,3 +22,12 @@ CONNECTION_LOST = frozenset({SERVER_GONE, 2013, 4031})
 def code(exc: BaseException) -> object:
     """The error number the driver gave `exc` (None when it gave none)."""
     return exc.args[0] if exc.args else None
+
+
+def connection_failed(exc: BaseException) -> bool:
+    """MySQL could not be reached, or its connection was lost or unusable: whatever the
+    statement was, it may or may not have run (InterfaceError: the driver's connection was
+    already closed)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    return isinstance(exc, OperationalError) and code(exc) in UNREACHABLE | CONNECTION_LOST

@@ -3,12 +3,16 @@ validation.py)."""
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 from functools import partial
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from strategies import registry
 from strategies.base import AnsweredMeanwhile, GrabResult, Outcome, RequestChecks, known_answer
@@ -26,7 +30,7 @@ from . import (
     shedding,
     validation,
 )
-from .errors import ChecksNotMade, NotFound, RedpackError, RequestRefused
+from .errors import ChecksNotMade, NotFound, OutcomeUnknown, RedpackError, RequestRefused
 from .hotsettings import hot
 from .models import Activity
 from .money import from_cents
@@ -174,7 +178,8 @@ def activity_grab(
     RequestRefused when they fail, and nothing is taken."""
     if not selectors.possible_id(activity_id):
         raise selectors.no_such_activity(activity_id)
-    strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
+    with _unknown_when_unreachable({"activity": activity_id, "user": user_id}):
+        strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
     started = time.perf_counter()
     try:
         with shards.for_activity(activity_id):
@@ -227,12 +232,13 @@ def _grab(
         asked = (activity_id, partial(finished.answer, activity_id, user_id))
         asking = known_answer.set(None if finished.known(activity_id) else asked)
         try:
-            if checks is None:
-                result = strategy.grab(activity_id=activity_id, user_id=user_id)
-            else:
-                result = strategy.grab_checked(
-                    activity_id=activity_id, user_id=user_id, checks=checks
-                )
+            with _unknown_when_unreachable(ids):
+                if checks is None:
+                    result = strategy.grab(activity_id=activity_id, user_id=user_id)
+                else:
+                    result = strategy.grab_checked(
+                        activity_id=activity_id, user_id=user_id, checks=checks
+                    )
         except AnsweredMeanwhile as meanwhile:
             return meanwhile.result  # from memory, as `known` above: nothing to learn
         except RedpackError:
@@ -254,6 +260,33 @@ def _grab(
         logger.info("grab contended", extra={"event": "grab_contended", **ids})
     finished.learn(activity_id, result)
     return result
+
+
+def _store_unreachable(exc: BaseException) -> bool:
+    """MySQL or Redis could not be reached, or the connection to it was lost mid-request."""
+    return dberrors.connection_failed(exc) or isinstance(exc, RedisConnectionError | RedisTimeout)
+
+
+@contextmanager
+def _unknown_when_unreachable(ids: dict[str, int]) -> Iterator[None]:
+    """A grab that found MySQL or Redis unreachable is answered OutcomeUnknown (503 with
+    Retry-After), not a server error. A strategy that can settle such a fault at once has done
+    so (the Redis strategies' lost replies, a batch's COMMIT in doubt); what reaches here may or
+    may not have taken effect (a one-grab transaction whose COMMIT lost its reply), and the same
+    user's retry learns which."""
+    try:
+        yield
+    except Exception as exc:
+        if not _store_unreachable(exc):
+            raise
+        if isinstance(exc, DatabaseError):
+            close_old_connections()  # the broken one, for this thread's next grab
+        logger.warning(
+            "grab store unreachable", extra={"event": "store_unreachable", "error": exc, **ids}
+        )
+        raise OutcomeUnknown(
+            "MySQL or Redis did not answer; retry to learn the grab's outcome"
+        ) from exc
 
 
 def is_lock_timeout(exc: DatabaseError) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError
 from django_redis import get_redis_connection
-from redis.exceptions import LockNotOwnedError
+from redis.exceptions import LockNotOwnedError, RedisError
 from redis.lock import Lock
 
 from redpack import allocation, shards
@@ -158,8 +158,12 @@ class DistributedLockStrategy(GrabStrategy):
 
 
 def _release(lock: Lock) -> None:
-    """Token-checked release; a lock that expired meanwhile is reported, never deleted."""
+    """Token-checked release; a lock that expired meanwhile is reported, never deleted. A
+    release Redis did not answer is reported too: the grab's transaction is over, whatever it
+    answered stands, and the lock lapses after REDPACK_LOCK_TIMEOUT."""
     try:
         lock.release()
     except LockNotOwnedError:
         logger.warning("lock %s expired before release; raise REDPACK_LOCK_TIMEOUT", lock.name)
+    except RedisError as exc:
+        logger.warning("lock %s not released (%r): it lapses on its own", lock.name, exc)

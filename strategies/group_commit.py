@@ -22,13 +22,16 @@ writer of the activity's grabs takes first; UNIQUE (activity, user) stays the la
 
 Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
 during COMMIT) either every row of the batch exists or none does; MySQL is asked which on a
-fresh connection behind the row lock (steps.written_row) before anybody is answered, and when it
-cannot be asked, the members who were to get a packet get OutcomeUnknown (503, retry). A grab
+fresh connection behind the row lock before anybody is answered, by the rows' own created_at
+(steps.batch_written: a member's other click may have written that member's grab since), and
+when it cannot be asked, the members who were to get a packet get OutcomeUnknown (503, retry).
+A batch that wrote nothing stands whatever its COMMIT's fate (it only read, under the lock). A grab
 row refused by a constraint (a user that does not exist) fails the batch's INSERT: each member
 is then run again on its own, so only that member gets its 403.
 """
 
 from collections.abc import Hashable, Sequence
+from datetime import datetime
 from functools import cached_property
 
 from django.conf import settings
@@ -46,12 +49,13 @@ from .combiner import Combiner
 from .request_checks import check_all, checks_arg
 from .steps import (
     GrabRow,
+    GrabTransaction,
     after_duplicate,
+    batch_written,
     close_row_locked,
     grab_transaction,
     read_for_batch,
     refusal,
-    written_row,
 )
 
 
@@ -109,6 +113,7 @@ class GroupCommitStrategy(GrabStrategy):
         assert isinstance(activity_id, int)
         planned: list[GrabResult] = []
         rows: list[GrabRow] = []
+        transaction: GrabTransaction | None = None
         try:
             with grab_transaction() as transaction:
                 planned, rows = self.plan(activity_id, user_ids)
@@ -128,10 +133,16 @@ class GroupCommitStrategy(GrabStrategy):
                 return [refused]
         except DatabaseError:
             if not rows:
+                if planned:
+                    # Read under the row lock and nothing written: the answers stand whether
+                    # the transaction's COMMIT (a lost reply) went through or not.
+                    connection.close_if_unusable_or_obsolete()
+                    return planned
                 # Nothing was being written (e.g. a lock wait timeout on the row): every member
                 # gets the error, and services answers a lock timeout `contended`.
                 raise
-            return self.settle_in_doubt(activity_id, user_ids, planned, rows)
+            stamped = None if transaction is None else transaction.stamped
+            return self.settle_in_doubt(activity_id, user_ids, planned, rows, stamped)
         return planned
 
     def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
@@ -172,11 +183,13 @@ class GroupCommitStrategy(GrabStrategy):
         user_ids: list[int],
         planned: list[GrabResult],
         rows: list[GrabRow],
+        stamped: datetime | None,
     ) -> list[GrabResult | Exception]:
         """The transaction failed while writing: rolled back, or, if the connection dropped
-        during COMMIT, maybe committed, and then wholly. MySQL says which (steps.written_row);
-        the answers that needed no write stand either way (a `sold_out` needed it: the rows
-        that were not written would have taken the last packets)."""
+        during COMMIT, maybe committed, and then wholly. MySQL says which, by the rows stamped
+        with the batch's INSERT (steps.batch_written; `stamped` None: the INSERT was never
+        sent); the answers that needed no write stand either way (a `sold_out` needed it: the
+        rows that were not written would have taken the last packets)."""
         batch_users = {row.user_id for row in rows}
         # A `sold_out` depends on the write too: the batch's own rows took the last packets.
         depends = [
@@ -188,10 +201,12 @@ class GroupCommitStrategy(GrabStrategy):
             for user_id, answer in zip(user_ids, planned, strict=True)
         ]
         try:
-            found = written_row(activity_id=activity_id, user_id=rows[0].user_id)
+            written = stamped is not None and batch_written(
+                activity_id=activity_id, rows=rows, at=stamped
+            )
         except OutcomeUnknown as unknown:
             return [unknown if d else a for d, a in zip(depends, planned, strict=True)]
-        if found == rows[0]:
+        if written:
             return list(planned)
         # Proven not written: nothing was granted, the honest answer is "try again".
         contended = GrabResult(Outcome.CONTENDED)

@@ -10,7 +10,9 @@
 - `claim_packet` (`claim_packets` for a batch), `split_into_packets`: the pre-split packets
   (t_redpack).
 - `close_row_locked`: stop grabs under the activity's row lock and report what is left.
-- `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds.
+- `written_row`: after a write whose outcome is unknown (COMMIT in doubt), what MySQL holds;
+  `batch_written`: whether that write was the batch's own (its rows, stamped with its INSERT's
+  clock).
 - `grab_transaction`: the transaction of a grab (or a batch of grabs) on the hot path; its
   `commit_with_grabs` makes a batch's writes and commits: the packets' claim and the decrement
   in one query, the INSERT and the COMMIT in another.
@@ -34,8 +36,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, OperationalError, connections
@@ -54,6 +56,7 @@ from .base import CloseResult, GrabResult, Outcome
 # A raw MySQL statement and its parameters, as the hot path runs it (`*_sql` below); the lab's
 # raw ceilings run the same ones from plain mysqlclient connections (redpack/lab/ceilings.py).
 Statement = tuple[str, list[Any]]
+Result = TypeVar("Result")
 
 
 @contextmanager
@@ -148,6 +151,9 @@ class GrabTransaction:
         # A claim fell short (commit_with_grabs returned False): the transaction ends in
         # ROLLBACK, never COMMIT, whatever the caller sends after.
         self.refused = False
+        # The created_at of the rows commit_with_grabs sent (on MySQL, once it sent them): what
+        # tells the rows of this transaction from any other's (`batch_written`).
+        self.stamped: datetime | None = None
 
     def begin_with(
         self,
@@ -267,23 +273,28 @@ class GrabTransaction:
                     self.refused = True
                     return False
                 holds.taken()
+            self.stamped = timezone.now()
             cursor.execute(
-                *commit_with_grabs_sql(activity_id=activity_id, rows=rows, decrement=row_locked)
+                *commit_with_grabs_sql(
+                    activity_id=activity_id, rows=rows, decrement=row_locked, at=self.stamped
+                )
             )
             finish_results(cursor)
         self.committed = True
         return True
 
 
-def commit_with_grabs_sql(*, activity_id: int, rows: list[GrabRow], decrement: bool) -> Statement:
+def commit_with_grabs_sql(
+    *, activity_id: int, rows: list[GrabRow], decrement: bool, at: datetime | None = None
+) -> Statement:
     """`GrabTransaction.commit_with_grabs`' query on MySQL: with `decrement` the surplus
     UPDATE, then the INSERT and COMMIT, as one multi-statement query (mysqlclient allows them;
     its connections set CLIENT_MULTI_STATEMENTS). Run it through a cursor, then
-    `finish_results`.
+    `finish_results`. `at`: the rows' created_at (now when None).
 
     The decrement has no condition beyond the primary key: MySQL runs the INSERT whatever the
     UPDATE matched, so only a row the transaction holds locked may be decremented this way."""
-    insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows)
+    insert, insert_params = insert_grab_rows_sql(activity_id=activity_id, rows=rows, at=at)
     if not decrement:
         return f"{insert}; COMMIT", insert_params
     take, take_params = batch_decrement_sql(activity_id=activity_id, rows=rows)
@@ -482,11 +493,16 @@ def held_cents(*, activity_id: int, user_id: int) -> int | None:
     return None if amount is None else to_cents(amount)
 
 
-def held_marks(*, activity_id: int, user_ids: Iterable[int] | None = None) -> dict[int, GrabRow]:
-    """The grab rows MySQL holds for these users of the activity (every user when None)."""
+def held_marks(
+    *, activity_id: int, user_ids: Iterable[int] | None = None, at: datetime | None = None
+) -> dict[int, GrabRow]:
+    """The grab rows MySQL holds for these users of the activity (every user when None); with
+    `at`, only those written at that instant (created_at)."""
     rows = GrabDetail.objects.filter(activity_id=activity_id)
     if user_ids is not None:
         rows = rows.filter(user_id__in=set(user_ids))
+    if at is not None:
+        rows = rows.filter(created_at=at)
     return {
         user_id: GrabRow(user_id, to_cents(amount), packet_id)
         for user_id, amount, packet_id in rows.values_list("user_id", "amount", "redpack_id")
@@ -495,20 +511,56 @@ def held_marks(*, activity_id: int, user_ids: Iterable[int] | None = None) -> di
 
 def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
     """The user's grab row, read after a write whose outcome is unknown: its connection dropped,
-    maybe during COMMIT, so the transaction may have committed or not.
-
-    Asked on a fresh connection, behind the activity's row lock: a transaction the server is
-    still committing holds that lock until it is done (every writer takes it before it inserts
-    a detail, so before it commits; see the module docstring), so the answer is final.
+    maybe during COMMIT, so the transaction may have committed or not (`_asked_after_doubt`).
     OutcomeUnknown when MySQL cannot be asked.
-    """
+
+    Any row of the user answers: the Redis strategies' grab is their mark, whichever attempt
+    writes it. A write whose user may have had another grab written since (another click's own
+    transaction, in another process) asks `batch_written` instead."""
+    return _asked_after_doubt(
+        activity_id,
+        lambda: held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id),
+    )
+
+
+def batch_written(*, activity_id: int, rows: list[GrabRow], at: datetime) -> bool:
+    """Whether a transaction whose outcome is unknown wrote its `rows`, stamped `at`
+    (GrabTransaction.stamped): its own rows, not the same users' rows of another transaction.
+
+    A member's row alone proves nothing: once the transaction rolled back, the same user's
+    other click (another process, its own transaction) may have written that user's grab, of
+    the same amount when the amounts are equal. The transaction wrote all of its rows or none,
+    each with its INSERT's created_at, taken while it held the activity's row: a transaction
+    after it took the row later, so its clock reads later. OutcomeUnknown when MySQL cannot be
+    asked, or holds some of the rows and not the others (no one transaction wrote that)."""
+    users = [row.user_id for row in rows]
+
+    def stamped() -> set[GrabRow]:
+        return set(held_marks(activity_id=activity_id, user_ids=users, at=at).values())
+
+    found = _asked_after_doubt(activity_id, stamped)
+    if found == set(rows):
+        return True
+    if not found:
+        return False
+    raise OutcomeUnknown(
+        f"MySQL holds {len(found)} of the {len(rows)} rows of a transaction cut off while"
+        " committing; retry to learn the outcome"
+    )
+
+
+def _asked_after_doubt(activity_id: int, read: Callable[[], Result]) -> Result:
+    """`read` after a write whose outcome is unknown, asked on a fresh connection behind the
+    activity's row lock: a transaction the server is still committing holds that lock until it
+    is done (every writer takes it before it inserts a detail, so before it commits; see the
+    module docstring), so the answer is final. OutcomeUnknown when MySQL cannot be asked."""
     if connection.in_atomic_block:
         raise OutcomeUnknown("a grab's write failed inside an outer transaction")
     connection.close_if_unusable_or_obsolete()  # the one that failed: reconnect
     try:
         with shards.atomic():
             Activity.objects.select_for_update().filter(pk=activity_id).values_list("pk").first()
-            return held_marks(activity_id=activity_id, user_ids=[user_id]).get(user_id)
+            return read()
     except DatabaseError as exc:
         raise OutcomeUnknown(
             "the grab's write was cut off and MySQL does not answer; retry to learn the outcome"
@@ -588,11 +640,15 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
     )
 
 
-def insert_grab_rows_sql(*, activity_id: int, rows: list[GrabRow]) -> Statement:
-    """`insert_grab_rows`'s statement on MySQL. Its values are integers, cents and the clock,
-    written inline (`_inline`): a batch of hundreds of rows would otherwise spend more of its
-    time escaping parameters one by one than MySQL spends inserting them."""
-    now = _inline_datetime(connection.ops.adapt_datetimefield_value(timezone.now()))
+def insert_grab_rows_sql(
+    *, activity_id: int, rows: list[GrabRow], at: datetime | None = None
+) -> Statement:
+    """`insert_grab_rows`'s statement on MySQL. Its values are integers, cents and the clock
+    (`at`, now when None), written inline (`_inline`): a batch of hundreds of rows would
+    otherwise spend more of its time escaping parameters one by one than MySQL spends inserting
+    them."""
+    stamp = timezone.now() if at is None else at
+    now = _inline_datetime(connection.ops.adapt_datetimefield_value(stamp))
     activity = int(activity_id)
     values = ", ".join(
         f"({activity}, {int(row.user_id)}, {sql_decimal(row.cents)}, {_inline(row.packet_id)},"

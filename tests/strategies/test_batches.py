@@ -205,6 +205,64 @@ def test_a_batch_cut_before_commit_grants_nothing_it_did_not_write(
     assert_consistent(activity)
 
 
+def test_a_batch_cut_before_commit_is_not_answered_by_another_clicks_grab(
+    mysql_proxy, make_users, sender, monkeypatch
+):
+    """`group_commit`: the batch [U, V] never reaches MySQL with its COMMIT (rolled back). Before
+    it asks MySQL, U's other click (another process: its own connection and batch) grabs, and
+    with equal amounts U's row reads as the batch would have written it. It is not the batch's:
+    U and V hear "try again", and nobody is told `grabbed` for a row that is not there."""
+    activity = services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("10.00"),
+        total_count=10,
+        strategy="group_commit",
+        allocation_kind="equal",
+    )
+    u, v = make_users(2)
+    chosen = registry.get("group_commit")
+    settle = type(chosen).settle_in_doubt
+
+    def other_click() -> list[object]:
+        try:
+            return run_batch("group_commit", activity.pk, [u.pk])
+        finally:
+            connections.close_all()
+
+    def other_click_first(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with ThreadPoolExecutor(1) as pool:  # a thread of its own: a connection of its own
+            other.extend(pool.submit(other_click).result())
+        return settle(self, *args, **kwargs)
+
+    other: list[object] = []
+    monkeypatch.setattr(type(chosen), "settle_in_doubt", other_click_first)
+    connection.ensure_connection()
+    mysql_proxy.cut_before(b"COMMIT")
+    answers = run_batch("group_commit", activity.pk, [u.pk, v.pk])
+    assert mysql_proxy.fired == 1
+    assert other == [GrabResult(Outcome.GRABBED, 100)]
+    assert answers == [GrabResult(Outcome.CONTENDED)] * 2
+    assert rows_of(activity) == {u.pk: 100}
+    assert_consistent(activity)
+
+
+def test_a_batch_that_wrote_nothing_stands_when_its_commit_reply_is_lost(
+    mysql_proxy, make_users, sender
+):
+    """`group_commit`: a batch whose members all hold a grab writes nothing and sends a bare
+    COMMIT; its reply lost, the answers read under the row lock stand."""
+    activity = send(sender, "group_commit")
+    (user,) = make_users(1)
+    (first,) = run_batch("group_commit", activity.pk, [user.pk])
+    assert isinstance(first, GrabResult) and first.outcome is Outcome.GRABBED
+    connection.ensure_connection()
+    mysql_proxy.drop_reply(b"\x03COMMIT")
+    answers = run_batch("group_commit", activity.pk, [user.pk])
+    assert mysql_proxy.fired == 1
+    assert answers == [GrabResult(Outcome.ALREADY_GRABBED, first.amount_cents)]
+    assert_consistent(activity)
+
+
 @pytest.mark.parametrize("strategy", ["group_commit", "redis_queue", "redis_counter"])
 def test_a_batch_spanning_the_last_packet_whose_write_failed_says_no_sold_out(
     strategy, mysql_proxy, make_users, sender

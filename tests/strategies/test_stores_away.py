@@ -1,0 +1,123 @@
+"""A grab whose MySQL or Redis cannot be reached, or whose one-grab transaction lost its COMMIT's
+reply: 503 `outcome_unknown` (services: OutcomeUnknown), never a server error, and the same
+user's retry converges on the one true answer. Faults through tests/faults.py in front of the
+real MariaDB and Redis."""
+
+import hashlib
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from redis.lock import Lock
+
+from redpack import selectors, services
+from redpack.audit import audit_activity
+from redpack.errors import OutcomeUnknown
+from redpack.models import Activity, GrabDetail
+from redpack.money import to_cents
+from strategies import registry
+from strategies.base import GrabResult, Outcome
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The strategies that grab in one transaction of their own per grab, on MySQL alone or under a
+# Redis lock; their transaction ends with a COMMIT sent on its own.
+ONE_GRAB = ["pessimistic", "optimistic", "preallocated", "preallocated_skip_locked"]
+ONE_GRAB += ["distributed_lock"]
+BARE_COMMIT = b"\x03COMMIT"  # a COM_QUERY of COMMIT alone (not `READ COMMITTED`, not `; COMMIT`)
+
+
+def send(sender, strategy: str) -> Activity:  # type: ignore[no-untyped-def]
+    return services.activity_send(
+        sender_id=sender.pk, total_amount=Decimal("3.00"), total_count=3, strategy=strategy
+    )
+
+
+def grab(activity: Activity, user) -> GrabResult:  # type: ignore[no-untyped-def]
+    return services.activity_grab(activity_id=activity.pk, user_id=user.pk)
+
+
+def row_of(activity: Activity, user) -> int | None:  # type: ignore[no-untyped-def]
+    amount = (
+        GrabDetail.objects.filter(activity=activity, user=user)
+        .values_list("amount", flat=True)
+        .first()
+    )
+    return None if amount is None else to_cents(amount)
+
+
+def assert_consistent(activity: Activity) -> None:
+    assert registry.get(activity.strategy).settle(activity_id=activity.pk, timeout=10)
+    activity.refresh_from_db()
+    report = audit_activity(activity)
+    assert report.ok, report.violations
+
+
+@pytest.mark.parametrize("strategy", ONE_GRAB)
+def test_a_grab_whose_commit_reply_is_lost_is_unknown_until_its_retry(
+    strategy, mysql_proxy, make_users, sender
+):
+    """MySQL committed, the reply never came: the grab may or may not have been made, as far as
+    the web process can tell, so it says so; the retry finds the row."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    connection.ensure_connection()
+    mysql_proxy.drop_reply(BARE_COMMIT)
+    with pytest.raises(OutcomeUnknown):
+        grab(activity, user)
+    assert mysql_proxy.fired == 1
+    held = row_of(activity, user)
+    assert held is not None
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, held)
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ["group_commit", "pessimistic", "redis_counter"])
+@pytest.mark.parametrize("known", [True, False], ids=["known_activity", "first_grab_here"])
+def test_a_grab_while_mysql_is_away_is_unknown_and_grabs_once_it_is_back(
+    strategy, known, mysql_proxy, make_users, sender
+):
+    """MySQL refuses connections: each grab, a repeated one too, is 503, whether the process
+    knew the activity's strategy (`known`) or had to ask MySQL for it; once MySQL is back the
+    user has one grab, told once."""
+    activity = send(sender, strategy)
+    first, user = make_users(2)
+    assert grab(activity, first).outcome is Outcome.GRABBED
+    if not known:
+        selectors.activity_facts.cache_clear()
+    mysql_proxy.cut()
+    for _ in range(2):
+        with pytest.raises(OutcomeUnknown):
+            grab(activity, user)
+    mysql_proxy.restore()
+    connection.close()
+    again = grab(activity, user)
+    held = row_of(activity, user)
+    assert held is not None
+    assert again in {GrabResult(Outcome.GRABBED, held), GrabResult(Outcome.ALREADY_GRABBED, held)}
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, held)
+    assert_consistent(activity)
+
+
+def test_a_lock_grab_while_redis_is_away_is_unknown(redis_proxy, make_users, sender):
+    activity = send(sender, "distributed_lock")
+    (user,) = make_users(1)
+    redis_proxy.cut()
+    with pytest.raises(OutcomeUnknown):
+        grab(activity, user)
+    assert row_of(activity, user) is None
+
+
+def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
+    redis_proxy, make_users, sender
+):
+    """The grab committed; Redis then drops the connection on the lock's release: the answer is
+    the grab, and the lock lapses on its own."""
+    activity = send(sender, "distributed_lock")
+    (user,) = make_users(1)
+    release = hashlib.sha1(Lock.LUA_RELEASE_SCRIPT.encode()).hexdigest().encode()
+    redis_proxy.cut_before(release, times=10)  # redis-py's retries included
+    answer = grab(activity, user)
+    assert redis_proxy.fired >= 1
+    assert answer == GrabResult(Outcome.GRABBED, row_of(activity, user))
+    assert_consistent(activity)
