@@ -163,7 +163,9 @@ def write_grab(
         )
         return GrabResult(Outcome.CONTENDED)
     except Exception as exc:
-        return after_failed_write(activity_id, this_grab, mark_text, epoch, attempt, exc, won)
+        return after_failed_write(
+            activity_id, this_grab, mark_text, epoch, attempt, exc, won, adopted=adopted
+        )
     return won
 
 
@@ -175,12 +177,21 @@ def after_failed_write(
     attempt: str,
     exc: Exception,
     won: GrabResult,
+    *,
+    adopted: bool = False,
 ) -> GrabResult:
     """The transaction raised: rolled back, or, if the connection dropped during COMMIT, maybe
     committed. Outcome unknown until MySQL says which (written_row; OutcomeUnknown when it
     cannot be asked: Redis keeps the mark and the user's retry converges on it). A transaction
-    that never got its turn (turns.NoTurn) sent nothing: MySQL is not asked."""
+    that never got its turn (turns.NoTurn) sent nothing: MySQL is not asked, and the mark is
+    given back, unless this attempt took it over (`adopted`) from an earlier one whose write may
+    still be on its way (a stalled write holding the turn is why none came): then Redis keeps
+    the mark, OutcomeUnknown, and the user's retry takes it over again."""
     nothing_sent = isinstance(exc, turns.NoTurn)
+    if nothing_sent and adopted:
+        raise OutcomeUnknown(
+            "the grab's earlier attempt may still be writing it; retry to learn the outcome"
+        ) from exc
     held = None if nothing_sent else written_row(activity_id=activity_id, user_id=grab.user_id)
     if held == grab:
         logger.warning(

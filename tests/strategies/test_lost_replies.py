@@ -18,10 +18,11 @@ from redpack.audit import audit_activity
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
-from strategies import registry
+from strategies import registry, turns
 from strategies.base import GrabResult, Outcome
 from strategies.lua import redis_client, script
 from strategies.redis_state import RedisStateStrategy
+from strategies.redis_state.keys import new_attempt
 from tests import servers
 from tests.faults import FaultProxy
 
@@ -262,6 +263,47 @@ def test_a_stalled_first_click_does_not_let_the_answers_part(
         assert "first" in answers
     if "first" in answers:
         assert answers["first"] == GrabResult(Outcome.GRABBED, double.amount_cents)
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", SYNC)
+def test_an_adopter_whose_turn_never_comes_keeps_the_mark(
+    strategy, monkeypatch, make_users, sender
+):
+    """A user's first attempt made its grab in Redis and is still writing it (its write holds
+    the activity's turn in this process, its COMMIT on its way); the retry takes the mark over
+    and waits for the turn in vain. It sent nothing, but the earlier write may still commit:
+    giving the packet back would let Redis give it twice. Outcome unknown, the mark kept, and
+    the next retry writes the one grab."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    chosen = registry.get(strategy)
+    assert isinstance(chosen, RedisStateStrategy)
+    assert chosen.run_grab(activity.pk, user.pk, new_attempt()).outcome == "grabbed"  # the first
+    retry = new_attempt()
+    seen = chosen.run_grab(activity.pk, user.pk, retry)  # the retry finds the first one's mark
+    assert seen.outcome == "already_grabbed"
+    monkeypatch.setattr(turns, "WAIT_SECONDS", 0.2)
+    holding, done = threading.Event(), threading.Event()
+
+    def first_attempts_write() -> None:
+        with turns.turn(activity.pk):
+            holding.set()
+            assert done.wait(60)
+
+    first = threading.Thread(target=first_attempts_write)
+    first.start()
+    assert holding.wait(30)
+    try:
+        with pytest.raises(OutcomeUnknown):
+            chosen.adopt(activity.pk, user.pk, seen, retry)
+    finally:
+        done.set()
+        first.join(60)
+    assert settled_rows(activity) == {}
+    again = services.activity_grab(activity_id=activity.pk, user_id=user.pk)  # adopts, writes
+    assert again.outcome is Outcome.ALREADY_GRABBED
+    assert settled_rows(activity) == {user.pk: again.amount_cents}
     assert_consistent(activity)
 
 
