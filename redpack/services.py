@@ -122,7 +122,7 @@ def grab_carries_checks(*, activity_id: int) -> bool:
     if not selectors.possible_id(activity_id) or finished.known(activity_id):
         return False
     try:
-        name = selectors.activity_strategy(activity_id)  # once per process and activity
+        name = _strategy_of(activity_id)
     except NotFound:
         return False  # the request's own checks first, then 404
     return registry.get(name).carries_checks()
@@ -178,8 +178,7 @@ def activity_grab(
     RequestRefused when they fail, and nothing is taken."""
     if not selectors.possible_id(activity_id):
         raise selectors.no_such_activity(activity_id)
-    with _unknown_when_unreachable({"activity": activity_id, "user": user_id}):
-        strategy_name = selectors.activity_strategy(activity_id)  # once per process and activity
+    strategy_name = _strategy_of(activity_id)
     started = time.perf_counter()
     try:
         with shards.for_activity(activity_id):
@@ -260,6 +259,13 @@ def _grab(
         logger.info("grab contended", extra={"event": "grab_contended", **ids})
     finished.learn(activity_id, result)
     return result
+
+
+def _strategy_of(activity_id: int) -> str:
+    """The activity's strategy, asked of MySQL once per process and activity: OutcomeUnknown
+    (503) when MySQL cannot be reached for it, as for the grab itself."""
+    with _unknown_when_unreachable({"activity": activity_id}):
+        return selectors.activity_strategy(activity_id)
 
 
 def _store_unreachable(exc: BaseException) -> bool:

@@ -9,6 +9,8 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 from redis.lock import Lock
+from rest_framework.test import APIClient
+from rest_framework_simplejwt.tokens import AccessToken
 
 from redpack import selectors, services
 from redpack.audit import audit_activity
@@ -96,6 +98,29 @@ def test_a_grab_while_mysql_is_away_is_unknown_and_grabs_once_it_is_back(
     assert held is not None
     assert again in {GrabResult(Outcome.GRABBED, held), GrabResult(Outcome.ALREADY_GRABBED, held)}
     assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, held)
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ["redis_queue_async", "group_commit"])
+def test_a_grab_request_while_mysql_is_away_is_a_503_the_client_can_retry(
+    strategy, mysql_proxy, make_users, sender
+):
+    """Over HTTP, in a process that has yet to learn the activity's strategy (which only MySQL
+    knows): 503 `outcome_unknown` with Retry-After, and the grab once MySQL is back."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    selectors.activity_facts.cache_clear()
+    mysql_proxy.cut()
+    refused = client.post(f"/api/activities/{activity.pk}/grab/")
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "outcome_unknown"
+    assert refused["Retry-After"] == "1"
+    mysql_proxy.restore()
+    connection.close()
+    answered = client.post(f"/api/activities/{activity.pk}/grab/")
+    assert answered.status_code == 200 and answered.json()["outcome"] == "grabbed"
     assert_consistent(activity)
 
 
