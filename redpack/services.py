@@ -276,10 +276,10 @@ def _store_unreachable(exc: BaseException) -> bool:
 @contextmanager
 def _unknown_when_unreachable(ids: dict[str, int]) -> Iterator[None]:
     """A grab that found MySQL or Redis unreachable is answered OutcomeUnknown (503 with
-    Retry-After), not a server error. A strategy that can settle such a fault at once has done
-    so (the Redis strategies' lost replies, a batch's COMMIT in doubt); what reaches here may or
-    may not have taken effect (a one-grab transaction whose COMMIT lost its reply), and the same
-    user's retry learns which."""
+    Retry-After), not a server error. What can be settled at once has been (the Redis
+    strategies' lost replies, a COMMIT in doubt whose rows MySQL holds); what reaches here may
+    or may not have taken effect as far as this process can tell, and the same user's retry
+    learns which."""
     try:
         yield
     except Exception as exc:

@@ -25,9 +25,10 @@ during COMMIT) either every row of the batch exists or none does; MySQL is asked
 fresh connection behind the row lock before anybody is answered, by the rows' own created_at
 (steps.batch_written: a member's other click may have written that member's grab since), and
 when it cannot be asked, the members who were to get a packet get OutcomeUnknown (503, retry).
-A batch that wrote nothing stands whatever its COMMIT's fate (it only read, under the lock). A grab
-row refused by a constraint (a user that does not exist) fails the batch's INSERT: each member
-is then run again on its own, so only that member gets its 403.
+A batch that wrote nothing keeps its answers whatever its COMMIT's fate
+(steps.GrabTransaction.commit). A grab row refused by a constraint (a user that does not exist)
+fails the batch's INSERT: each member is then run again on its own, so only that member gets
+its 403.
 """
 
 from collections.abc import Hashable, Sequence
@@ -133,11 +134,6 @@ class GroupCommitStrategy(GrabStrategy):
                 return [refused]
         except DatabaseError:
             if not rows:
-                if planned:
-                    # Read under the row lock and nothing written: the answers stand whether
-                    # the transaction's COMMIT (a lost reply) went through or not.
-                    connection.close_if_unusable_or_obsolete()
-                    return planned
                 # Nothing was being written (e.g. a lock wait timeout on the row): every member
                 # gets the error, and services answers a lock timeout `contended`.
                 raise

@@ -32,9 +32,11 @@ request path the claim and the decrement go to MySQL as one query, the insert an
 another (`GrabTransaction.commit_with_grabs`): the row is held for one round trip.
 """
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -57,6 +59,12 @@ from .base import CloseResult, GrabResult, Outcome
 # raw ceilings run the same ones from plain mysqlclient connections (redpack/lab/ceilings.py).
 Statement = tuple[str, list[Any]]
 Result = TypeVar("Result")
+
+logger = logging.getLogger(__name__)
+# The grab_transaction open on MySQL in this context (insert_grab_rows tells it its rows).
+_open_transaction: ContextVar["GrabTransaction | None"] = ContextVar(
+    "grab_transaction", default=None
+)
 
 
 @contextmanager
@@ -100,6 +108,7 @@ def grab_transaction(
     # session's isolation level among them) run before the transaction, not in it.
     wrapper.ensure_connection()
     holds.began()
+    current = _open_transaction.set(transaction)
     try:
         with wrapper.execute_wrapper(transaction.begin_with):
             yield transaction
@@ -111,9 +120,9 @@ def grab_transaction(
             transaction.roll_back()
         elif transaction.begun and not transaction.committed:
             transaction.check_connection()
-            with wrapper.cursor() as cursor:
-                cursor.execute("COMMIT")
+            transaction.commit()
     finally:
+        _open_transaction.reset(current)
         holds.released()
 
 
@@ -154,6 +163,10 @@ class GrabTransaction:
         # The created_at of the rows commit_with_grabs sent (on MySQL, once it sent them): what
         # tells the rows of this transaction from any other's (`batch_written`).
         self.stamped: datetime | None = None
+        # The grab rows insert_grab_rows sent in it, with their created_at, and whether any
+        # statement but a SELECT went: what settles a COMMIT whose reply is lost (`commit`).
+        self.inserted: list[tuple[int, list[GrabRow], datetime]] = []
+        self.wrote = False
 
     def begin_with(
         self,
@@ -172,6 +185,8 @@ class GrabTransaction:
         rolled back with the connection: it is sent once more on a new connection."""
         if self.reconnecting:  # the new connection's own set-up, before the transaction
             return execute(sql, params, many, context)
+        if sql.lstrip()[:6].upper() != "SELECT":
+            self.wrote = True
         if self.begun:
             self.check_connection()
             return execute(sql, params, many, context)
@@ -217,6 +232,29 @@ class GrabTransaction:
                 cursor.execute("ROLLBACK")
         except DatabaseError:
             self.wrapper.close()
+
+    def commit(self) -> None:
+        """COMMIT, on its own. When its reply is lost (the connection dropped: committed or
+        not), what the transaction wrote says which: a transaction that wrote nothing changed
+        nothing either way, and its answers stand; one whose grab rows MySQL holds, stamped
+        with its INSERT's created_at (`batch_written`), committed, as if the reply had come.
+        Otherwise the error propagates (proven not written; or wrote something else), or
+        OutcomeUnknown when MySQL cannot be asked."""
+        try:
+            with self.wrapper.cursor() as cursor:
+                cursor.execute("COMMIT")
+        except DatabaseError as exc:
+            if not dberrors.connection_failed(exc):
+                raise
+            if not self.wrote:
+                self.wrapper.close()
+                return
+            if not self.inserted or not all(
+                batch_written(activity_id=activity_id, rows=rows, at=at)
+                for activity_id, rows, at in self.inserted
+            ):
+                raise
+            logger.warning("a grab's COMMIT lost its reply; MySQL holds its rows: committed")
 
     def check_connection(self) -> None:
         """A statement after the first goes only on the connection the transaction began on:
@@ -624,8 +662,12 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
     the activity row was locked). On MySQL one raw multi-row INSERT (no model objects on the
     hot path); elsewhere bulk_create."""
     if connection.vendor == "mysql":
+        stamp = timezone.now()
         with connection.cursor() as cursor:
-            cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows))
+            cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows, at=stamp))
+        transaction = _open_transaction.get()
+        if transaction is not None:
+            transaction.inserted.append((activity_id, rows, stamp))
         return
     GrabDetail.objects.bulk_create(
         [

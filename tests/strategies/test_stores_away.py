@@ -1,11 +1,13 @@
-"""A grab whose MySQL or Redis cannot be reached, or whose one-grab transaction lost its COMMIT's
-reply: 503 `outcome_unknown` (services: OutcomeUnknown), never a server error, and the same
-user's retry converges on the one true answer. Faults through tests/faults.py in front of the
-real MariaDB and Redis."""
+"""A grab whose MySQL or Redis cannot be reached: 503 `outcome_unknown` (services:
+OutcomeUnknown), never a server error, and the same user's retry converges on the one true
+answer. A one-grab transaction whose COMMIT lost its reply is settled from its own rows. Faults
+through tests/faults.py in front of the real MariaDB and Redis."""
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
+import MySQLdb
 import pytest
 from django.db import connection
 from redis.lock import Lock
@@ -17,7 +19,7 @@ from redpack.audit import audit_activity
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
-from strategies import registry
+from strategies import registry, steps
 from strategies.base import GrabResult, Outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,21 +58,106 @@ def assert_consistent(activity: Activity) -> None:
 
 
 @pytest.mark.parametrize("strategy", ONE_GRAB)
-def test_a_grab_whose_commit_reply_is_lost_is_unknown_until_its_retry(
+def test_a_grab_whose_commit_reply_is_lost_is_answered_from_its_row(
     strategy, mysql_proxy, make_users, sender
 ):
-    """MySQL committed, the reply never came: the grab may or may not have been made, as far as
-    the web process can tell, so it says so; the retry finds the row."""
+    """MySQL committed, the reply never came: MySQL, asked behind the row lock, holds the
+    grab's row with its INSERT's created_at (steps.GrabTransaction.commit), so the grab is
+    answered as if the reply had come."""
     activity = send(sender, strategy)
     (user,) = make_users(1)
     connection.ensure_connection()
     mysql_proxy.drop_reply(BARE_COMMIT)
-    with pytest.raises(OutcomeUnknown):
-        grab(activity, user)
+    answer = grab(activity, user)
     assert mysql_proxy.fired == 1
     held = row_of(activity, user)
     assert held is not None
+    assert answer == GrabResult(Outcome.GRABBED, held)
     assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, held)
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", ONE_GRAB)
+def test_a_grab_whose_commit_never_reached_mysql_grants_nothing(
+    strategy, mysql_proxy, make_users, sender
+):
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    connection.ensure_connection()
+    mysql_proxy.cut_before(BARE_COMMIT)
+    with pytest.raises(OutcomeUnknown):
+        grab(activity, user)
+    assert mysql_proxy.fired == 1
+    assert row_of(activity, user) is None
+    assert grab(activity, user).outcome is Outcome.GRABBED
+    assert_consistent(activity)
+
+
+def test_a_cut_commit_is_not_answered_by_another_clicks_row(
+    mysql_proxy, make_users, sender, monkeypatch
+):
+    """`pessimistic`, equal amounts: the grab's COMMIT never reaches MySQL; before MySQL is
+    asked, the user's other click (another process, its own transaction) writes the user's
+    grab, of the same amount. That row is not this transaction's: no second `grabbed`."""
+    activity = services.activity_send(
+        sender_id=sender.pk,
+        total_amount=Decimal("3.00"),
+        total_count=3,
+        strategy="pessimistic",
+        allocation_kind="equal",
+    )
+    (user,) = make_users(1)
+    params = connection.settings_dict
+    asked = steps.batch_written
+
+    def other_click() -> None:
+        other = MySQLdb.connect(
+            host="127.0.0.1",
+            port=3306,
+            user=params["USER"] or "root",
+            passwd=params["PASSWORD"] or "",
+            db=params["NAME"],
+        )
+        try:
+            cursor = other.cursor()
+            steps.execute_raw(
+                cursor,
+                steps.read_for_grab_sql(activity_id=activity.pk, user_id=user.pk, lock=True),
+                begin=True,
+            )
+            steps.record_grab_raw(cursor, activity_id=activity.pk, row=steps.GrabRow(user.pk, 100))
+            cursor.execute("COMMIT")
+        finally:
+            other.close()
+
+    def other_click_first(**kwargs):  # type: ignore[no-untyped-def]
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(other_click).result()
+        return asked(**kwargs)
+
+    monkeypatch.setattr(steps, "batch_written", other_click_first)
+    connection.ensure_connection()
+    mysql_proxy.cut_before(BARE_COMMIT)
+    with pytest.raises(OutcomeUnknown):
+        grab(activity, user)
+    assert mysql_proxy.fired == 1
+    assert row_of(activity, user) == 100
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, 100)
+    assert_consistent(activity)
+
+
+def test_a_transaction_that_wrote_nothing_keeps_its_answer_when_its_commit_reply_is_lost(
+    mysql_proxy, make_users, sender
+):
+    """`pessimistic`, a second click: it only read, under the row lock, and its answer stands."""
+    activity = send(sender, "pessimistic")
+    (user,) = make_users(1)
+    first = grab(activity, user)
+    assert first.outcome is Outcome.GRABBED
+    connection.ensure_connection()
+    mysql_proxy.drop_reply(BARE_COMMIT)
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, first.amount_cents)
+    assert mysql_proxy.fired == 1
     assert_consistent(activity)
 
 
