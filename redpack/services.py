@@ -11,6 +11,8 @@ from functools import partial
 
 from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
+from redis.exceptions import AuthorizationError as RedisAuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -269,7 +271,10 @@ def _strategy_of(activity_id: int) -> str:
 
 
 def _store_unreachable(exc: BaseException) -> bool:
-    """MySQL or Redis could not be reached, or the connection to it was lost mid-request."""
+    """MySQL or Redis could not be reached, or the connection to it was lost mid-request (not a
+    refused password: redis-py's authentication errors are ConnectionErrors too)."""
+    if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
+        return False
     return dberrors.connection_failed(exc) or isinstance(exc, RedisConnectionError | RedisTimeout)
 
 
@@ -285,7 +290,7 @@ def _unknown_when_unreachable(ids: dict[str, int]) -> Iterator[None]:
     except Exception as exc:
         if not _store_unreachable(exc):
             raise
-        if isinstance(exc, DatabaseError):
+        if dberrors.connection_failed(exc):
             close_old_connections()  # the broken one, for this thread's next grab
         logger.warning(
             "grab store unreachable", extra={"event": "store_unreachable", "error": exc, **ids}

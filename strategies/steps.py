@@ -42,7 +42,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, IntegrityError, OperationalError, connections
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+)
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
@@ -185,6 +191,8 @@ class GrabTransaction:
         rolled back with the connection: it is sent once more on a new connection."""
         if self.reconnecting:  # the new connection's own set-up, before the transaction
             return execute(sql, params, many, context)
+        # Only statements that write nothing start with SELECT here (the lookups, the row
+        # lock); anything else counts as a write, which only makes `commit` more careful.
         if sql.lstrip()[:6].upper() != "SELECT":
             self.wrote = True
         if self.begun:
@@ -243,7 +251,7 @@ class GrabTransaction:
         try:
             with self.wrapper.cursor() as cursor:
                 cursor.execute("COMMIT")
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:
             if not dberrors.connection_failed(exc):
                 raise
             if not self.wrote:

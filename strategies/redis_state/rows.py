@@ -183,15 +183,13 @@ def after_failed_write(
     """The transaction raised: rolled back, or, if the connection dropped during COMMIT, maybe
     committed. Outcome unknown until MySQL says which (written_row; OutcomeUnknown when it
     cannot be asked: Redis keeps the mark and the user's retry converges on it). A transaction
-    that never got its turn (turns.NoTurn) sent nothing: MySQL is not asked, and the mark is
-    given back, unless this attempt took it over (`adopted`) from an earlier one whose write may
-    still be on its way (a stalled write holding the turn is why none came): then Redis keeps
-    the mark, OutcomeUnknown, and the user's retry takes it over again."""
+    that never got its turn (turns.NoTurn) sent nothing: MySQL is not asked.
+
+    Not written, the mark is given back; unless this attempt took it over (`adopted`) from an
+    earlier one, which may still be on its way to MySQL (stalled, paused: why the mark was taken
+    over) and commit the same grab after this answer: then Redis keeps the mark, OutcomeUnknown,
+    and the user's retry takes it over again and writes it, or finds it written."""
     nothing_sent = isinstance(exc, turns.NoTurn)
-    if nothing_sent and adopted:
-        raise OutcomeUnknown(
-            "the grab's earlier attempt may still be writing it; retry to learn the outcome"
-        ) from exc
     held = None if nothing_sent else written_row(activity_id=activity_id, user_id=grab.user_id)
     if held == grab:
         logger.warning(
@@ -201,6 +199,10 @@ def after_failed_write(
             exc,
         )
         return won
+    if adopted and held is None:
+        raise OutcomeUnknown(
+            "the grab's earlier attempt may still be writing it; retry to learn the outcome"
+        ) from exc
     release(activity_id, grab.user_id, mark_text, epoch, attempt, restore=True)
     if held is not None:
         return GrabResult(Outcome.ALREADY_GRABBED, held.cents)

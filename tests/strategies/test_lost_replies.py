@@ -267,6 +267,51 @@ def test_a_stalled_first_click_does_not_let_the_answers_part(
 
 
 @pytest.mark.parametrize("strategy", SYNC)
+def test_a_double_click_whose_own_write_is_cut_keeps_the_stalled_first_clicks_mark(
+    strategy, monkeypatch, mysql_proxy, make_users, sender
+):
+    """The first click stalls between Redis and MySQL; the double click (another process)
+    takes its mark over, and its own write is cut before its COMMIT: MySQL holds no row, yet
+    the first click may still write the grab. So the double click keeps the mark (503) rather
+    than give the packet back, the first click's write lands, and Redis and MySQL agree."""
+    activity = send(sender, strategy)
+    (user,) = make_users(1)
+    won, go = threading.Event(), threading.Event()
+    write = RedisStateStrategy.write
+
+    def first_waits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not won.is_set():
+            won.set()
+            assert go.wait(60)
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisStateStrategy, "write", first_waits)
+    answers: list[GrabResult] = []
+
+    def first_click() -> None:
+        try:
+            answers.append(services.activity_grab(activity_id=activity.pk, user_id=user.pk))
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_click)
+    first.start()
+    assert won.wait(30)
+    other_process = type(registry.get(strategy))()
+    mysql_proxy.cut_before(b"COMMIT")  # the double click's write
+    try:
+        with pytest.raises(OutcomeUnknown):
+            other_process.grab(activity_id=activity.pk, user_id=user.pk)  # waits, adopts
+        assert mysql_proxy.fired == 1
+    finally:
+        go.set()
+        first.join(60)
+    assert len(answers) == 1 and answers[0].outcome is Outcome.GRABBED
+    assert settled_rows(activity) == {user.pk: answers[0].amount_cents}
+    assert_consistent(activity)
+
+
+@pytest.mark.parametrize("strategy", SYNC)
 def test_an_adopter_whose_turn_never_comes_keeps_the_mark(
     strategy, monkeypatch, make_users, sender
 ):

@@ -9,7 +9,10 @@ from decimal import Decimal
 
 import MySQLdb
 import pytest
-from django.db import connection
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.lock import Lock
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
@@ -233,3 +236,24 @@ def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
     assert redis_proxy.fired >= 1
     assert answer == GrabResult(Outcome.GRABBED, row_of(activity, user))
     assert_consistent(activity)
+
+
+@pytest.mark.parametrize(
+    ("error", "unreachable"),
+    [
+        (OperationalError(2013, "Lost connection to server during query"), True),
+        (OperationalError(2002, "Can't connect to server"), True),
+        (OperationalError(1927, "Connection was killed"), True),
+        (InterfaceError(0, ""), True),
+        (OperationalError(1205, "Lock wait timeout exceeded"), False),
+        (IntegrityError(1062, "Duplicate entry"), False),
+        (RedisConnectionError("Connection refused"), True),
+        (RedisTimeoutError("Timeout reading from socket"), True),
+        (AuthenticationError("invalid password"), False),
+        (ResponseError("NOSCRIPT"), False),
+    ],
+)
+def test_what_counts_as_a_store_that_did_not_answer(error, unreachable):
+    """What a grab answers 503 `outcome_unknown` for: a connection that failed, not a refusal
+    the server made on purpose (a lock wait, a constraint, a wrong password, a script error)."""
+    assert services._store_unreachable(error) is unreachable
