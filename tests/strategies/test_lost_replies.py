@@ -215,6 +215,41 @@ def test_the_outcome_stays_unknown_while_mysql_cannot_be_asked(mysql_proxy, make
     assert_consistent(activity)
 
 
+class StalledFirstClick:
+    """A user's first click, in a thread of its own, stalled between Redis and MySQL (its grab
+    script ran, its write waits) until `go()`; then its answer, or its error, in `answers`."""
+
+    def __init__(self, monkeypatch, activity: Activity, user) -> None:  # type: ignore[no-untyped-def]
+        self.won, self.released = threading.Event(), threading.Event()
+        self.answers: dict[str, object] = {}
+        write = RedisStateStrategy.write
+
+        def first_waits(strategy, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if not self.won.is_set():
+                self.won.set()
+                assert self.released.wait(60)
+            return write(strategy, *args, **kwargs)
+
+        def first_click() -> None:
+            try:
+                self.answers["first"] = services.activity_grab(
+                    activity_id=activity.pk, user_id=user.pk
+                )
+            except Exception as exc:  # noqa: BLE001 - an error is an answer too
+                self.answers["first_error"] = exc
+            finally:
+                connection.close()
+
+        monkeypatch.setattr(RedisStateStrategy, "write", first_waits)
+        self.thread = threading.Thread(target=first_click)
+        self.thread.start()
+        assert self.won.wait(30)
+
+    def go(self) -> None:
+        self.released.set()
+        self.thread.join(60)
+
+
 @pytest.mark.parametrize("commit", ["reaches MySQL", "is cut"])
 @pytest.mark.parametrize("strategy", SYNC)
 def test_a_stalled_first_click_does_not_let_the_answers_part(
@@ -227,35 +262,13 @@ def test_a_stalled_first_click_does_not_let_the_answers_part(
     if it answers, is the one told `grabbed`."""
     activity = send(sender, strategy)
     (user,) = make_users(1)
-    won, go = threading.Event(), threading.Event()
-    write = RedisStateStrategy.write
-
-    def first_waits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if not won.is_set():
-            won.set()
-            assert go.wait(60)
-        return write(self, *args, **kwargs)
-
-    monkeypatch.setattr(RedisStateStrategy, "write", first_waits)
-    answers: dict[str, GrabResult] = {}
-
-    def first_click() -> None:
-        try:
-            answers["first"] = services.activity_grab(activity_id=activity.pk, user_id=user.pk)
-        except Exception as exc:  # noqa: BLE001 - an error is an answer too
-            answers["first_error"] = exc  # type: ignore[assignment]
-        finally:
-            connection.close()
-
-    first = threading.Thread(target=first_click)
-    first.start()
-    assert won.wait(30)
+    first = StalledFirstClick(monkeypatch, activity, user)
+    answers = first.answers
     other_process = type(registry.get(strategy))()
     double = other_process.grab(activity_id=activity.pk, user_id=user.pk)  # waits, adopts
     if commit == "is cut":
         mysql_proxy.cut_before(b"COMMIT")  # the first click's write
-    go.set()
-    first.join(60)
+    first.go()
 
     assert double.outcome is Outcome.ALREADY_GRABBED
     assert settled_rows(activity) == {user.pk: double.amount_cents}
@@ -276,27 +289,7 @@ def test_a_double_click_whose_own_write_is_cut_keeps_the_stalled_first_clicks_ma
     than give the packet back, the first click's write lands, and Redis and MySQL agree."""
     activity = send(sender, strategy)
     (user,) = make_users(1)
-    won, go = threading.Event(), threading.Event()
-    write = RedisStateStrategy.write
-
-    def first_waits(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if not won.is_set():
-            won.set()
-            assert go.wait(60)
-        return write(self, *args, **kwargs)
-
-    monkeypatch.setattr(RedisStateStrategy, "write", first_waits)
-    answers: list[GrabResult] = []
-
-    def first_click() -> None:
-        try:
-            answers.append(services.activity_grab(activity_id=activity.pk, user_id=user.pk))
-        finally:
-            connection.close()
-
-    first = threading.Thread(target=first_click)
-    first.start()
-    assert won.wait(30)
+    first = StalledFirstClick(monkeypatch, activity, user)
     other_process = type(registry.get(strategy))()
     mysql_proxy.cut_before(b"COMMIT")  # the double click's write
     try:
@@ -304,10 +297,10 @@ def test_a_double_click_whose_own_write_is_cut_keeps_the_stalled_first_clicks_ma
             other_process.grab(activity_id=activity.pk, user_id=user.pk)  # waits, adopts
         assert mysql_proxy.fired == 1
     finally:
-        go.set()
-        first.join(60)
-    assert len(answers) == 1 and answers[0].outcome is Outcome.GRABBED
-    assert settled_rows(activity) == {user.pk: answers[0].amount_cents}
+        first.go()
+    answer = first.answers["first"]
+    assert isinstance(answer, GrabResult) and answer.outcome is Outcome.GRABBED
+    assert settled_rows(activity) == {user.pk: answer.amount_cents}
     assert_consistent(activity)
 
 
