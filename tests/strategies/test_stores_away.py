@@ -114,9 +114,9 @@ def test_a_cut_commit_is_not_answered_by_another_clicks_row(
     asked = steps.batch_written
 
     def other_click() -> None:
-        other = MySQLdb.connect(
-            host="127.0.0.1",
-            port=3306,
+        other = MySQLdb.connect(  # through the proxy: its one fault has fired
+            host=params["HOST"],
+            port=int(params["PORT"]),
             user=params["USER"] or "root",
             passwd=params["PASSWORD"] or "",
             db=params["NAME"],
