@@ -200,6 +200,12 @@ def after_failed_write(
         )
         return won
     if adopted and held is None:
+        logger.warning(
+            "activity %s: user %s's grab, taken over, not written (%r): its mark stays",
+            activity_id,
+            grab.user_id,
+            exc,
+        )
         raise OutcomeUnknown(
             "the grab's earlier attempt may still be writing it; retry to learn the outcome"
         ) from exc
