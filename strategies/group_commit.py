@@ -23,8 +23,9 @@ writer of the activity's grabs takes first; UNIQUE (activity, user) stays the la
 Failure: one transaction, so after a failure during the writes (a dropped connection, maybe
 during COMMIT) either every row of the batch exists or none does; MySQL is asked which on a
 fresh connection behind the row lock before anybody is answered, by the rows' own created_at
-(steps.batch_written: a member's other click may have written that member's grab since), and
-when it cannot be asked, the members who were to get a packet get OutcomeUnknown (503, retry).
+(steps.GrabTransaction.written: a member's other click may have written that member's grab
+since), and when it cannot be asked, the members who were to get a packet get OutcomeUnknown
+(503, retry).
 A batch that wrote nothing keeps its answers whatever its COMMIT's fate
 (steps.GrabTransaction.commit). A grab row refused by a constraint (a user that does not exist)
 fails the batch's INSERT: each member is then run again on its own, so only that member gets
@@ -32,7 +33,6 @@ its 403.
 """
 
 from collections.abc import Hashable, Sequence
-from datetime import datetime
 from functools import cached_property
 
 from django.conf import settings
@@ -52,7 +52,6 @@ from .steps import (
     GrabRow,
     GrabTransaction,
     after_duplicate,
-    batch_written,
     close_row_locked,
     grab_transaction,
     read_for_batch,
@@ -137,8 +136,7 @@ class GroupCommitStrategy(GrabStrategy):
                 # Nothing was being written (e.g. a lock wait timeout on the row): every member
                 # gets the error, and services answers a lock timeout `contended`.
                 raise
-            stamped = None if transaction is None else transaction.stamped
-            return self.settle_in_doubt(activity_id, user_ids, planned, rows, stamped)
+            return self.settle_in_doubt(activity_id, user_ids, planned, rows, transaction)
         return planned
 
     def plan(self, activity_id: int, user_ids: list[int]) -> tuple[list[GrabResult], list[GrabRow]]:
@@ -179,12 +177,12 @@ class GroupCommitStrategy(GrabStrategy):
         user_ids: list[int],
         planned: list[GrabResult],
         rows: list[GrabRow],
-        stamped: datetime | None,
+        transaction: GrabTransaction | None,
     ) -> list[GrabResult | Exception]:
         """The transaction failed while writing: rolled back, or, if the connection dropped
         during COMMIT, maybe committed, and then wholly. MySQL says which, by the rows stamped
-        with the batch's INSERT (steps.batch_written; `stamped` None: the INSERT was never
-        sent); the answers that needed no write stand either way (a `sold_out` needed it: the
+        with the batch's INSERT (GrabTransaction.written; None: no transaction was opened);
+        the answers that needed no write stand either way (a `sold_out` needed it: the
         rows that were not written would have taken the last packets)."""
         batch_users = {row.user_id for row in rows}
         # A `sold_out` depends on the write too: the batch's own rows took the last packets.
@@ -197,9 +195,7 @@ class GroupCommitStrategy(GrabStrategy):
             for user_id, answer in zip(user_ids, planned, strict=True)
         ]
         try:
-            written = stamped is not None and batch_written(
-                activity_id=activity_id, rows=rows, at=stamped
-            )
+            written = transaction is not None and transaction.written()
         except OutcomeUnknown as unknown:
             return [unknown if d else a for d, a in zip(depends, planned, strict=True)]
         if written:

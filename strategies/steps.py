@@ -166,11 +166,9 @@ class GrabTransaction:
         # A claim fell short (commit_with_grabs returned False): the transaction ends in
         # ROLLBACK, never COMMIT, whatever the caller sends after.
         self.refused = False
-        # The created_at of the rows commit_with_grabs sent (on MySQL, once it sent them): what
-        # tells the rows of this transaction from any other's (`batch_written`).
-        self.stamped: datetime | None = None
-        # The grab rows insert_grab_rows sent in it, with their created_at, and whether any
-        # statement but a SELECT went: what settles a COMMIT whose reply is lost (`commit`).
+        # The grab rows sent in it (commit_with_grabs, insert_grab_rows; on MySQL), each batch
+        # with its created_at, what tells them from any other transaction's (`written`); and
+        # whether any statement but a SELECT went (`commit`).
         self.inserted: list[tuple[int, list[GrabRow], datetime]] = []
         self.wrote = False
 
@@ -257,12 +255,18 @@ class GrabTransaction:
             if not self.wrote:
                 self.wrapper.close()
                 return
-            if not self.inserted or not all(
-                batch_written(activity_id=activity_id, rows=rows, at=at)
-                for activity_id, rows, at in self.inserted
-            ):
+            if not self.written():
                 raise
             logger.warning("a grab's COMMIT lost its reply; MySQL holds its rows: committed")
+
+    def written(self) -> bool:
+        """After a failure whose outcome is unknown: whether MySQL holds the grab rows this
+        transaction sent, as it sent them (`batch_written`); False when it sent none.
+        OutcomeUnknown when MySQL cannot be asked."""
+        return bool(self.inserted) and all(
+            batch_written(activity_id=activity_id, rows=rows, at=at)
+            for activity_id, rows, at in self.inserted
+        )
 
     def check_connection(self) -> None:
         """A statement after the first goes only on the connection the transaction began on:
@@ -319,10 +323,11 @@ class GrabTransaction:
                     self.refused = True
                     return False
                 holds.taken()
-            self.stamped = timezone.now()
+            stamp = timezone.now()
+            self.inserted.append((activity_id, rows, stamp))
             cursor.execute(
                 *commit_with_grabs_sql(
-                    activity_id=activity_id, rows=rows, decrement=row_locked, at=self.stamped
+                    activity_id=activity_id, rows=rows, decrement=row_locked, at=stamp
                 )
             )
             finish_results(cursor)
@@ -571,7 +576,7 @@ def written_row(*, activity_id: int, user_id: int) -> GrabRow | None:
 
 def batch_written(*, activity_id: int, rows: list[GrabRow], at: datetime) -> bool:
     """Whether a transaction whose outcome is unknown wrote its `rows`, stamped `at`
-    (GrabTransaction.stamped): its own rows, not the same users' rows of another transaction.
+    (GrabTransaction.inserted): its own rows, not the same users' rows of another transaction.
 
     A member's row alone proves nothing: once the transaction rolled back, the same user's
     other click (another process, its own transaction) may have written that user's grab, of
@@ -671,11 +676,11 @@ def insert_grab_rows(*, activity_id: int, rows: list[GrabRow]) -> None:
     hot path); elsewhere bulk_create."""
     if connection.vendor == "mysql":
         stamp = timezone.now()
-        with connection.cursor() as cursor:
-            cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows, at=stamp))
         transaction = _open_transaction.get()
         if transaction is not None:
             transaction.inserted.append((activity_id, rows, stamp))
+        with connection.cursor() as cursor:
+            cursor.execute(*insert_grab_rows_sql(activity_id=activity_id, rows=rows, at=stamp))
         return
     GrabDetail.objects.bulk_create(
         [

@@ -34,9 +34,15 @@ BATCHED = ["group_commit", *BATCHED_REDIS]
 MISSING_USER = 2_000_000_000
 
 
-def send(sender, strategy: str, count: int = 3, total: str = "3.00") -> Activity:  # type: ignore[no-untyped-def]
+def send(  # type: ignore[no-untyped-def]
+    sender, strategy: str, count: int = 3, total: str = "3.00", **options
+) -> Activity:
     return services.activity_send(
-        sender_id=sender.pk, total_amount=Decimal(total), total_count=count, strategy=strategy
+        sender_id=sender.pk,
+        total_amount=Decimal(total),
+        total_count=count,
+        strategy=strategy,
+        **options,
     )
 
 
@@ -212,13 +218,7 @@ def test_a_batch_cut_before_commit_is_not_answered_by_another_clicks_grab(
     it asks MySQL, U's other click (another process: its own connection and batch) grabs, and
     with equal amounts U's row reads as the batch would have written it. It is not the batch's:
     U and V hear "try again", and nobody is told `grabbed` for a row that is not there."""
-    activity = services.activity_send(
-        sender_id=sender.pk,
-        total_amount=Decimal("10.00"),
-        total_count=10,
-        strategy="group_commit",
-        allocation_kind="equal",
-    )
+    activity = send(sender, "group_commit", 10, "10.00", allocation_kind="equal")
     u, v = make_users(2)
     chosen = registry.get("group_commit")
     settle = type(chosen).settle_in_doubt

@@ -34,9 +34,13 @@ ONE_GRAB += ["distributed_lock"]
 BARE_COMMIT = b"\x03COMMIT"  # a COM_QUERY of COMMIT alone (not `READ COMMITTED`, not `; COMMIT`)
 
 
-def send(sender, strategy: str) -> Activity:  # type: ignore[no-untyped-def]
+def send(sender, strategy: str, **options) -> Activity:  # type: ignore[no-untyped-def]
     return services.activity_send(
-        sender_id=sender.pk, total_amount=Decimal("3.00"), total_count=3, strategy=strategy
+        sender_id=sender.pk,
+        total_amount=Decimal("3.00"),
+        total_count=3,
+        strategy=strategy,
+        **options,
     )
 
 
@@ -102,13 +106,7 @@ def test_a_cut_commit_is_not_answered_by_another_clicks_row(
     """`pessimistic`, equal amounts: the grab's COMMIT never reaches MySQL; before MySQL is
     asked, the user's other click (another process, its own transaction) writes the user's
     grab, of the same amount. That row is not this transaction's: no second `grabbed`."""
-    activity = services.activity_send(
-        sender_id=sender.pk,
-        total_amount=Decimal("3.00"),
-        total_count=3,
-        strategy="pessimistic",
-        allocation_kind="equal",
-    )
+    activity = send(sender, "pessimistic", allocation_kind="equal")
     (user,) = make_users(1)
     params = connection.settings_dict
     asked = steps.batch_written
