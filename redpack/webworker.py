@@ -12,12 +12,14 @@ worker, three things made it slow and its end late:
   request it has not read yet) and whether its loop can accept (it has booted, is not exiting,
   holds fewer than `worker_connections` connections and is not waiting after an accept() that
   found no descriptor left). It accepts only while it holds no
-  more than the least busy of the workers that can accept plus `ACCEPT_SLACK`, or plus half
-  of what that one holds when that is less, never less than 32 (`may_accept`);
+  more than the least busy of the workers that can accept plus `ACCEPT_SLACK`, or plus a
+  quarter of what that one holds when that is less, never less than 2 (`may_accept`);
   the rest of the burst waits in the kernel's listen queue for the others. The least busy
   worker that can accept always polls, so a connection never waits for workers that will not
   take it; a worker that is booting, exiting or full is left out, and a connection that sends
-  nothing stops counting after SILENT_SECONDS.
+  nothing stops counting after SILENT_SECONDS. A kept-alive connection stays with its worker;
+  one that has served a few requests on a worker that holds well more connections than
+  another is answered with `Connection: close`, and comes back to the others (`crowded`).
 - **One connection per pass.** gthread accepts one connection each time its loop runs, and the
   loop runs when the interpreter lock lets it, behind up to 32 request threads. A burst filled
   the kernel's listen queue (4096 here) faster than that and the kernel dropped the rest; a
@@ -106,12 +108,24 @@ from redpack.logs import cut
 SLOTS = 64  # workers of one server at once, at most (more accept as gthread's do)
 # How many more requests than the least busy worker a worker may hold and still accept (each
 # connection a pass of its loop accepts counts at once): at most ACCEPT_SLACK, and while the
-# least busy holds little, half of what it holds, at least ACCEPT_SLACK_FLOOR. A burst of
+# least busy holds little, a quarter of what it holds, at least ACCEPT_SLACK_FLOOR. A burst of
 # thousands is split within ACCEPT_SLACK; the few dozen kept-alive connections a pooling client
-# opens at once, which then stay with their worker for the whole run, within the floor (with a
-# fixed 256, one worker could take all 64 of a load run's: seen 45 against 19).
+# opens at once, which then stay with their worker for the whole run, within a quarter (with a
+# fixed 256, one worker could take all 64 of a load run's: seen 45 against 19; with a floor of
+# 32, all 16 of a smaller one's: seen 15 against 1, the other worker idle).
 ACCEPT_SLACK = int(os.environ.get("REDPACK_WEB_ACCEPT_SLACK", "256"))
-ACCEPT_SLACK_FLOOR = 32
+ACCEPT_SLACK_FLOOR = 2
+# A kept-alive connection stays with the worker that accepted it, and a worker that was alone
+# in accepting (the others still booting, or restarting) keeps all the connections a client
+# opened then (seen: all 16 of a load run's, for the whole run, at half the pings of a split
+# server). A worker that holds more connections than the one that can accept with the fewest,
+# plus the allowance above (of its connections) plus REBALANCE_MARGIN, answers every
+# REBALANCE_AFTER-th request on a connection (one without a body) with `Connection: close`
+# (`crowded`): the client's next connection goes to a worker that accepts. Connections, not
+# requests: they change only as clients come and go, so a split server closes none. A burst's
+# connections (one request each) are never closed this way.
+REBALANCE_AFTER = 8
+REBALANCE_MARGIN = 2
 # Idle kept-alive connections, and silent ones, a worker that holds `worker_connections` closes
 # per pass of its loop while connections wait in the listen queue (`_make_room`).
 EVICT_BATCH = 64
@@ -174,10 +188,11 @@ NO_ROOM_SECONDS = 0.1
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
-# requests that worker holds, and 1 while its loop can accept (`_room`). And the slots in use at
-# most.
+# requests that worker holds, the connections it holds (as of its loop's last pass), and 1 while
+# its loop can accept (`_room`). And the slots in use at most.
 _owner = RawArray(ctypes.c_long, SLOTS)
 _held = RawArray(ctypes.c_long, SLOTS)
+_connections = RawArray(ctypes.c_long, SLOTS)
 _ready = RawArray(ctypes.c_long, SLOTS)
 _used = RawValue(ctypes.c_long, 0)
 
@@ -266,12 +281,27 @@ def defer_accept(sock: Any) -> None:
 def may_accept(own: int, others: list[int], slack: int) -> bool:
     """Whether a worker holding `own` requests polls the listening socket (and a pass of its
     loop accepts one more), while the other workers that can accept hold `others`: no more than
-    the least busy of them plus `slack`, or plus half of what that one holds if that is less
-    (never less than ACCEPT_SLACK_FLOOR)."""
+    the least busy of them plus `slack`, or plus a quarter of what that one holds if that is
+    less (never less than ACCEPT_SLACK_FLOOR)."""
     if not others:
         return True
     least = min(others)
-    return own <= least + min(slack, max(ACCEPT_SLACK_FLOOR, least // 2))
+    return own <= least + _allowance(least, slack)
+
+
+def crowded(own: int, others: list[int], slack: int) -> bool:
+    """Whether a worker holding `own` connections, while the other workers that can accept
+    hold `others`, holds more than the fewest plus their allowance (`may_accept`'s) by more
+    than REBALANCE_MARGIN: it then closes kept-alive connections after their answers (see
+    REBALANCE_AFTER), which come back to the workers that accept."""
+    if not others:
+        return False
+    least = min(others)
+    return own > least + _allowance(least, slack) + REBALANCE_MARGIN
+
+
+def _allowance(least: int, slack: int) -> int:
+    return min(slack, max(ACCEPT_SLACK_FLOOR, least // 4))
 
 
 def claim(age: int) -> int:
@@ -279,7 +309,7 @@ def claim(age: int) -> int:
     worker's __init__), so no two workers can take the same slot."""
     for slot in range(SLOTS):
         if _owner[slot] == 0:
-            _held[slot] = 0
+            _held[slot] = _connections[slot] = 0
             _ready[slot] = 0
             _owner[slot] = age
             _used.value = max(_used.value, slot + 1)
@@ -292,7 +322,7 @@ def release(slot: int) -> None:
     free, and no longer counts among the workers that can accept."""
     if 0 <= slot < SLOTS:
         _ready[slot] = 0
-        _held[slot] = 0
+        _held[slot] = _connections[slot] = 0
         _owner[slot] = 0
 
 
@@ -946,6 +976,7 @@ class _Conn(TConn):  # type: ignore[misc]
     walk: ChunkWalk | None = None  # how far the loop is in its request's chunked body
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
+    served = 0  # requests read on it, this one too (`_rebalanced`)
     # Its client shut down its side: nothing more will come (never reset: nor will it later).
     ended = False
 
@@ -1049,6 +1080,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         continued, conn.continued = conn.continued, False
         expect = req.version < (1, 1) or continued
         read = True  # all of its body read with its head
+        conn.served += 1
         if self._gathers:
             try:
                 read = _body_buffered(conn.parser)
@@ -1078,9 +1110,27 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             # Refused (405: no proxy here), and closed after the answer: a client may send its
             # tunnel's bytes without waiting for it, which are no requests to answer.
             req.must_close = conn.linger = True
+        elif self._rebalanced(conn):
+            req.must_close = conn.linger = True
         if expect:
             req.headers = [(name, value) for name, value in req.headers if name != "EXPECT"]
         return super().handle_request(req, conn)
+
+    def _rebalanced(self, conn: Any) -> bool:
+        """Whether this answer closes its kept-alive connection to move it to a less busy
+        worker (`crowded`): asked at every REBALANCE_AFTER-th answer on it, only for a request
+        without a body, and only while nothing of a next request has come (a client that sent
+        its next request before this answer would have to send it again)."""
+        if conn.served % REBALANCE_AFTER:
+            return False
+        reader = conn.parser.mesg.body.reader
+        if not isinstance(reader, LengthReader) or reader.length:
+            return False
+        if _past_empty_lines(conn.parser.unreader.buf.getvalue()):
+            return False
+        me = self.slot
+        others = [_connections[s] for s in range(_used.value) if s != me and _ready[s]]
+        return crowded(self.nr_conns, others, ACCEPT_SLACK)
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):
@@ -1131,6 +1181,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _ready_to_accept(self, ready: bool) -> None:
         if self.slot >= 0:
             _ready[self.slot] = int(ready)
+            _connections[self.slot] = self.nr_conns
 
     def _room(self) -> bool:
         """Whether this worker may take another connection: it holds fewer than

@@ -53,17 +53,19 @@ from .servers import (
         (6, [5], 0, False),
         (6, [5], 1, True),
         (7, [5], 1, False),
-        (40, [3, 90], 32, False),  # the least busy counts, not the average
-        (35, [3, 90], 32, True),
-        # The slack is at most half of what the least busy holds, at least 32: the 64
-        # connections a load generator opens at once are split within 32 ...
-        (32, [0], 256, True),
-        (33, [0], 256, False),
-        (300, [200], 256, True),
-        (301, [200], 256, False),
+        (6, [3, 90], 32, False),  # the least busy counts, not the average
+        (5, [3, 90], 32, True),
+        # The slack is at most a quarter of what the least busy holds, at least 2: the 16
+        # connections a load generator opens at once are not all taken by one worker ...
+        (2, [0], 256, True),
+        (3, [0], 256, False),
+        (12, [10], 256, True),
+        (13, [10], 256, False),
+        (250, [200], 256, True),
+        (251, [200], 256, False),
         # ... and a burst of thousands within the slack.
-        (1256, [1000], 256, True),
-        (1257, [1000], 256, False),
+        (2256, [2000], 256, True),
+        (2257, [2000], 256, False),
     ],
 )
 def test_a_worker_accepts_while_no_busier_than_the_least_busy_plus_the_slack(
@@ -120,8 +122,17 @@ def _close_all(worker: Any, *sockets: socket.socket | None) -> None:
 
 @pytest.mark.parametrize(
     ("slack", "others", "accepted"),
-    # 256 while the other holds nothing: the floor, 32 more (33); alone: every one.
-    [(256, [0], 33), (256, [100], 40), (3, [0], 4), (3, [2], 6), (3, [], 40)],
+    # 256 while the other holds nothing: the floor, 2 more (3); a quarter of 20 (5) more than
+    # 20 (26); alone: every one.
+    [
+        (256, [0], 3),
+        (256, [100], 40),
+        (3, [0], 3),
+        (3, [2], 5),
+        (256, [20], 26),
+        (4, [20], 25),
+        (3, [], 40),
+    ],
 )
 def test_one_pass_accepts_every_waiting_connection_the_rule_allows(
     monkeypatch: pytest.MonkeyPatch, slack: int, others: list[int], accepted: int
@@ -591,6 +602,93 @@ def test_a_burst_is_split_between_the_workers() -> None:
     # At most one more than the rule allows: a worker may accept a connection before it has
     # read the request of the one it accepted just before.
     assert high - low <= slack + 2, arrived
+
+
+@pytest.mark.parametrize(
+    ("own", "others", "slack", "is_crowded"),
+    [
+        (16, [], 256, False),  # alone: never
+        (4, [0], 256, False),  # the floor (2) and the margin (2) above the fewest
+        (5, [0], 256, True),
+        (36, [28], 256, False),  # a quarter of the fewest (7) and the margin
+        (38, [26], 256, True),
+        (2258, [2000], 256, False),  # thousands: the slack and the margin
+        (2259, [2000], 256, True),
+    ],
+)
+def test_a_worker_is_crowded_past_what_it_may_accept_by_more_than_the_margin(
+    own: int, others: list[int], slack: int, is_crowded: bool
+) -> None:
+    assert webworker.crowded(own, others, slack) is is_crowded
+
+
+def _request_on(sock: socket.socket, answers: Answers, path: str, body: bytes = b"") -> Any:
+    """One request on a kept-alive connection: its answer's pid (the body), and whether the
+    server closes the connection after it (`Connection: close`)."""
+    length = f"Content-Length: {len(body)}\r\n".encode() if body else b""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n".encode() + length + b"\r\n" + body)
+    status, headers, answer = answers.next()
+    assert status == 200
+    return int(answer), headers.get("connection", "").lower() == "close"
+
+
+def test_a_crowded_worker_moves_a_kept_alive_connection_to_another() -> None:
+    """A kept-alive connection stays with the worker that accepted it: a client whose
+    connections all went to one worker (the other still booting) kept them there. A worker that
+    holds more connections than the other by more than its allowance and the margin answers
+    every eighth request on a connection, if it has no body, with `Connection: close`; the
+    client's next connection goes to a worker that accepts. A request with a body, or one on a
+    worker that is not crowded, keeps its connection."""
+    with _held_app(workers=2, threads=16) as held:
+        port, key, client = held
+        seen: set[int] = set()
+        wait_for(lambda: bool(seen.update(_hellos(port, 4))) or len(seen) == 2, "both workers")
+        # Kept-alive connections, each on the worker that took it (one request each so far).
+        on: dict[int, list[tuple[socket.socket, Answers]]] = {pid: [] for pid in seen}
+        opened: list[socket.socket] = []
+        try:
+            while min(len(held) for held in on.values()) < 7:
+                assert len(opened) < 400, {pid: len(held) for pid, held in on.items()}
+                sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+                opened.append(sock)
+                answers = Answers(sock)
+                pid, closed = _request_on(sock, answers, "/hello")
+                assert not closed
+                on[pid].append((sock, answers))
+            crowded_pid, other_pid = sorted(seen)
+            (kept, kept_answers), (with_body, body_answers), *holders = on[crowded_pid][:7]
+            # The other worker keeps one connection: 1 against 7 or more.
+            (calm, calm_answers), *gone = on[other_pid]
+            for sock, _ in gone:
+                sock.shutdown(socket.SHUT_RDWR)  # its reader (makefile) keeps it open
+            wait_for(lambda: _get(port, "/connections").split()[0] in ("1", "2"), "the others gone")
+            # The eighth answer on a worker that is not crowded: kept.
+            for _ in range(7):
+                assert _request_on(calm, calm_answers, "/hello") == (other_pid, False)
+            # Six more answers on two of the crowded worker's: each has had seven.
+            for _ in range(6):
+                for sock, answers in ((kept, kept_answers), (with_body, body_answers)):
+                    assert _request_on(sock, answers, "/hello") == (crowded_pid, False)
+            # Five requests held open there: it accepts no more while the other holds none.
+            for sock, _ in holders:
+                sock.sendall(b"GET /held-open HTTP/1.1\r\nHost: test\r\n\r\n")
+            for _ in holders:
+                popped = client.blpop([f"{key}:arrived"], timeout=60)
+                assert popped is not None and int(popped[1]) == crowded_pid
+            assert _request_on(with_body, body_answers, "/hello", b"{}") == (crowded_pid, False)
+            assert _request_on(kept, kept_answers, "/hello") == (crowded_pid, True)
+            assert read_until_closed(kept) == b""  # closed after its answer
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as again:
+                assert _request_on(again, Answers(again), "/hello")[0] == other_pid
+            client.rpush(f"{key}:release", *range(len(holders)))
+            for _, answers in holders:
+                assert answers.next()[0] == 200
+        finally:
+            client.rpush(f"{key}:release", *range(7))  # none held past a failure
+            for sock in opened:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
 
 
 def _get(port: int, path: str) -> str:
