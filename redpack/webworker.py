@@ -18,8 +18,9 @@ worker, three things made it slow and its end late:
   worker that can accept always polls, so a connection never waits for workers that will not
   take it; a worker that is booting, exiting or full is left out, and a connection that sends
   nothing stops counting after SILENT_SECONDS. A kept-alive connection stays with its worker;
-  one that has served a few requests on a worker that holds well more connections than
-  another is answered with `Connection: close`, and comes back to the others (`crowded`).
+  one that has served a few requests on a worker whose clients kept well more connections busy
+  in the last second than another's is answered with `Connection: close`, and comes back to
+  the others (`crowded`).
 - **One connection per pass.** gthread accepts one connection each time its loop runs, and the
   loop runs when the interpreter lock lets it, behind up to 32 request threads. A burst filled
   the kernel's listen queue (4096 here) faster than that and the kernel dropped the rest; a
@@ -118,14 +119,18 @@ ACCEPT_SLACK_FLOOR = 2
 # A kept-alive connection stays with the worker that accepted it, and a worker that was alone
 # in accepting (the others still booting, or restarting) keeps all the connections a client
 # opened then (seen: all 16 of a load run's, for the whole run, at half the pings of a split
-# server). A worker that holds more connections than the one that can accept with the fewest,
-# plus the allowance above (of its connections) plus REBALANCE_MARGIN, answers every
-# REBALANCE_AFTER-th request on a connection (one without a body) with `Connection: close`
-# (`crowded`): the client's next connection goes to a worker that accepts. Connections, not
-# requests: they change only as clients come and go, so a split server closes none. A burst's
-# connections (one request each) are never closed this way.
+# server). Each worker counts its busy connections per ACTIVE_SECONDS: those that carried a
+# request in that time (one still running counts too), not idle kept-alive ones (a proxy's
+# pool), nor requests held at one moment (they swing: counted so, a split server went on
+# closing 25-50 connections a second). A worker busier than the least busy one that can accept
+# by more than the allowance above (of that one's count) plus REBALANCE_MARGIN answers a
+# REBALANCE_AFTER-th request on a connection (one without a body, of a client that has not
+# sent a request before an answer) with `Connection: close` (`crowded`), at most as many per
+# ACTIVE_SECONDS as it is over: the client's next connection goes to a worker that accepts.
+# A burst's connections (one request each) are never closed this way.
 REBALANCE_AFTER = 8
 REBALANCE_MARGIN = 2
+ACTIVE_SECONDS = 1.0
 # Idle kept-alive connections, and silent ones, a worker that holds `worker_connections` closes
 # per pass of its loop while connections wait in the listen queue (`_make_room`).
 EVICT_BATCH = 64
@@ -188,11 +193,11 @@ NO_ROOM_SECONDS = 0.1
 
 # Created when gunicorn imports the worker class, in its master, so that every worker it forks
 # shares them. Per slot: its worker's age (gunicorn numbers the workers it forks; 0: free), the
-# requests that worker holds, the connections it holds (as of its loop's last pass), and 1 while
-# its loop can accept (`_room`). And the slots in use at most.
+# requests that worker holds, its busy connections of the last ACTIVE_SECONDS (`_tally`), and 1
+# while its loop can accept (`_room`). And the slots in use at most.
 _owner = RawArray(ctypes.c_long, SLOTS)
 _held = RawArray(ctypes.c_long, SLOTS)
-_connections = RawArray(ctypes.c_long, SLOTS)
+_busy = RawArray(ctypes.c_long, SLOTS)
 _ready = RawArray(ctypes.c_long, SLOTS)
 _used = RawValue(ctypes.c_long, 0)
 
@@ -289,15 +294,15 @@ def may_accept(own: int, others: list[int], slack: int) -> bool:
     return own <= least + _allowance(least, slack)
 
 
-def crowded(own: int, others: list[int], slack: int) -> bool:
-    """Whether a worker holding `own` connections, while the other workers that can accept
-    hold `others`, holds more than the fewest plus their allowance (`may_accept`'s) by more
-    than REBALANCE_MARGIN: it then closes kept-alive connections after their answers (see
-    REBALANCE_AFTER), which come back to the workers that accept."""
+def crowded(own: int, others: list[int], slack: int) -> int:
+    """By how many busy connections a worker with `own` of them is over the least busy of
+    the other workers that can accept (`others`), past that one's allowance (`may_accept`'s)
+    and REBALANCE_MARGIN; 0 when it is not. It then closes that many kept-alive connections
+    after their answers (see REBALANCE_AFTER), which come back to the workers that accept."""
     if not others:
-        return False
+        return 0
     least = min(others)
-    return own > least + _allowance(least, slack) + REBALANCE_MARGIN
+    return max(0, own - least - _allowance(least, slack) - REBALANCE_MARGIN)
 
 
 def _allowance(least: int, slack: int) -> int:
@@ -309,7 +314,7 @@ def claim(age: int) -> int:
     worker's __init__), so no two workers can take the same slot."""
     for slot in range(SLOTS):
         if _owner[slot] == 0:
-            _held[slot] = _connections[slot] = 0
+            _held[slot] = _busy[slot] = 0
             _ready[slot] = 0
             _owner[slot] = age
             _used.value = max(_used.value, slot + 1)
@@ -322,7 +327,7 @@ def release(slot: int) -> None:
     free, and no longer counts among the workers that can accept."""
     if 0 <= slot < SLOTS:
         _ready[slot] = 0
-        _held[slot] = _connections[slot] = 0
+        _held[slot] = _busy[slot] = 0
         _owner[slot] = 0
 
 
@@ -977,6 +982,10 @@ class _Conn(TConn):  # type: ignore[misc]
     continued = False  # the loop sent its request's 100 Continue
     linger = False  # closed after its answer: its client may still be sending (`_linger`)
     served = 0  # requests read on it, this one too (`_rebalanced`)
+    counted = -1  # the last ACTIVE_SECONDS period it was counted busy in (`_tally`)
+    # It sent a request before the answer to the one before: never closed to move it, which
+    # could leave such a request unanswered (`_rebalanced`).
+    pipelines = False
     # Its client shut down its side: nothing more will come (never reset: nor will it later).
     ended = False
 
@@ -1008,6 +1017,10 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._accepted: deque[tuple[float, weakref.ref[Any], int]] = deque()
         self._listening = False
         self._no_room_until: float | None = None  # set while accept() finds no room
+        # Busy connections (`_tally`): of the period under way (`_period`), of the last one
+        # (`_busy`, published), and connections closed to move them in this one (`_moved`).
+        self._period = -1
+        self._busy_now = self._busy = self._moved = 0
         # Requests arrive in the loop (`arrival`), not in a thread; not over TLS, whose
         # handshake gthread makes in the thread that reads the first request.
         self._gathers = not self.cfg.is_ssl
@@ -1035,6 +1048,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             conn.pipelined = keepalive and next_request_read(conn.parser)
         except (http_errors.ParseException, OSError):  # out of step: closed, never read on
             return False, conn
+        conn.pipelines = conn.pipelines or conn.pipelined
         if conn.pipelined and self._gathers:
             return self._next_in_buffer(conn), conn
         return keepalive, conn
@@ -1081,6 +1095,9 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         expect = req.version < (1, 1) or continued
         read = True  # all of its body read with its head
         conn.served += 1
+        if conn.counted != self._period:
+            conn.counted = self._period
+            self._busy_now += 1  # unlocked: a count off by one now and then
         if self._gathers:
             try:
                 read = _body_buffered(conn.parser)
@@ -1118,19 +1135,24 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _rebalanced(self, conn: Any) -> bool:
         """Whether this answer closes its kept-alive connection to move it to a less busy
-        worker (`crowded`): asked at every REBALANCE_AFTER-th answer on it, only for a request
-        without a body, and only while nothing of a next request has come (a client that sent
-        its next request before this answer would have to send it again)."""
-        if conn.served % REBALANCE_AFTER:
+        worker (`crowded`, at most as many per period as this worker is over): asked at every
+        REBALANCE_AFTER-th answer on it, only for a request without a body, of a worker that is
+        not stopping, and only on a connection whose client has never sent a request before the
+        answer to the one before (a request that came meanwhile would go unanswered)."""
+        if conn.served % REBALANCE_AFTER or conn.pipelines or not self.alive:
             return False
         reader = conn.parser.mesg.body.reader
         if not isinstance(reader, LengthReader) or reader.length:
             return False
-        if _past_empty_lines(conn.parser.unreader.buf.getvalue()):
+        if _past_empty_lines(conn.parser.unreader.buf.getvalue()) or _request_waiting(conn.sock):
+            conn.pipelines = True  # its next request came before this answer
             return False
         me = self.slot
-        others = [_connections[s] for s in range(_used.value) if s != me and _ready[s]]
-        return crowded(self.nr_conns, others, ACCEPT_SLACK)
+        others = [_busy[s] for s in range(_used.value) if s != me and _ready[s]]
+        if self._moved >= crowded(self._busy, others, ACCEPT_SLACK):
+            return False
+        self._moved += 1
+        return True
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         """gunicorn's handling of a request it could not parse (or an error past the app):
@@ -1181,7 +1203,22 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _ready_to_accept(self, ready: bool) -> None:
         if self.slot >= 0:
             _ready[self.slot] = int(ready)
-            _connections[self.slot] = self.nr_conns
+
+    def _tally(self) -> None:
+        """Once per ACTIVE_SECONDS, in the loop: publish the busy connections of the period that
+        ended (those that carried a request in it, and those whose request still runs), and
+        start the next one."""
+        period = int(clock() // ACTIVE_SECONDS)
+        if period == self._period:
+            return
+        ended = self._period
+        with self._pending_lock:
+            running = [fs.conn for fs in self._pending]  # type: ignore[attr-defined]
+        self._busy = self._busy_now + sum(1 for conn in running if conn.counted != ended)
+        self._busy_now = self._moved = 0
+        self._period = period
+        if self.slot >= 0:
+            _busy[self.slot] = self._busy
 
     def _room(self) -> bool:
         """Whether this worker may take another connection: it holds fewer than
@@ -1612,6 +1649,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
                 self._make_room()
                 room = self._room()
                 self._ready_to_accept(room)
+                self._tally()
                 self._forget_silent()
                 self._listen(room and may_accept(self._holds(), self._others(), ACCEPT_SLACK))
                 self._serve(self.poller.select(self._poll_seconds()))

@@ -5,8 +5,8 @@
 - `/open-files`: its worker's soft limit of open files;
 - `/held`: answers the requests all the server's workers hold (redpack/webworker.py's shared
   counts; the asking request is one of them);
-- `/connections`: the connections each worker that can accept holds, as its loop last
-  published them, in increasing order;
+- `/busy`: each worker's busy connections of its last full period (redpack/webworker.py's
+  `_tally`), for the workers that can accept, in increasing order;
 - anything else says it arrived (its worker's pid, on a Redis list) and is answered only once
   the test releases it, so that a test can hold requests open and see which worker took each.
 """
@@ -34,9 +34,9 @@ def application(environ, start_response):  # type: ignore[no-untyped-def]
         body = str(resource.getrlimit(resource.RLIMIT_NOFILE)[0]).encode()
     elif path == "/held":
         body = str(sum(webworker._held[s] for s in range(webworker._used.value))).encode()
-    elif path == "/connections":
+    elif path == "/busy":
         ready = [s for s in range(webworker._used.value) if webworker._ready[s]]
-        body = " ".join(str(n) for n in sorted(webworker._connections[s] for s in ready)).encode()
+        body = " ".join(str(n) for n in sorted(webworker._busy[s] for s in ready)).encode()
     else:
         _redis.rpush(f"{_key}:arrived", os.getpid())
         released = _redis.blpop([f"{_key}:release"], timeout=60)

@@ -605,49 +605,50 @@ def test_a_burst_is_split_between_the_workers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("own", "others", "slack", "is_crowded"),
+    ("own", "others", "slack", "over"),
     [
-        (16, [], 256, False),  # alone: never
-        (4, [0], 256, False),  # the floor (2) and the margin (2) above the fewest
-        (5, [0], 256, True),
-        (36, [28], 256, False),  # a quarter of the fewest (7) and the margin
-        (38, [26], 256, True),
-        (2258, [2000], 256, False),  # thousands: the slack and the margin
-        (2259, [2000], 256, True),
+        (16, [], 256, 0),  # alone: never
+        (4, [0], 256, 0),  # the floor (2) and the margin (2) above the least busy
+        (5, [0], 256, 1),
+        (36, [28], 256, 0),  # a quarter of the least busy (7) and the margin
+        (38, [26], 256, 4),
+        (2258, [2000], 256, 0),  # thousands: the slack and the margin
+        (2259, [2000], 256, 1),
     ],
 )
 def test_a_worker_is_crowded_past_what_it_may_accept_by_more_than_the_margin(
-    own: int, others: list[int], slack: int, is_crowded: bool
+    own: int, others: list[int], slack: int, over: int
 ) -> None:
-    assert webworker.crowded(own, others, slack) is is_crowded
+    assert webworker.crowded(own, others, slack) == over
 
 
 def _request_on(sock: socket.socket, answers: Answers, path: str, body: bytes = b"") -> Any:
-    """One request on a kept-alive connection: its answer's pid (the body), and whether the
-    server closes the connection after it (`Connection: close`)."""
+    """One request on a kept-alive connection: its answer's body, and whether the server closes
+    the connection after it (`Connection: close`)."""
     length = f"Content-Length: {len(body)}\r\n".encode() if body else b""
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n".encode() + length + b"\r\n" + body)
     status, headers, answer = answers.next()
     assert status == 200
-    return int(answer), headers.get("connection", "").lower() == "close"
+    return answer.decode(), headers.get("connection", "").lower() == "close"
 
 
 def test_a_crowded_worker_moves_a_kept_alive_connection_to_another() -> None:
     """A kept-alive connection stays with the worker that accepted it: a client whose
-    connections all went to one worker (the other still booting) kept them there. A worker that
-    holds more connections than the other by more than its allowance and the margin answers
-    every eighth request on a connection, if it has no body, with `Connection: close`; the
-    client's next connection goes to a worker that accepts. A request with a body, or one on a
-    worker that is not crowded, keeps its connection."""
+    connections all went to one worker (the other still booting) kept them there. A worker
+    whose busy connections of the last second outnumber the other's by more than its allowance
+    and the margin answers every eighth request on a connection, if it has no body, with
+    `Connection: close`, as many as it is over; the client's next connection goes to a worker
+    that accepts. A request with a body, or one of a client that has sent a request before the
+    answer to the one before, keeps its connection."""
     with _held_app(workers=2, threads=16) as held:
         port, key, client = held
         seen: set[int] = set()
         wait_for(lambda: bool(seen.update(_hellos(port, 4))) or len(seen) == 2, "both workers")
         # Kept-alive connections, each on the worker that took it (one request each so far).
-        on: dict[int, list[tuple[socket.socket, Answers]]] = {pid: [] for pid in seen}
+        on: dict[str, list[tuple[socket.socket, Answers]]] = {str(pid): [] for pid in seen}
         opened: list[socket.socket] = []
         try:
-            while min(len(held) for held in on.values()) < 7:
+            while len(min(on.values(), key=len)) < 10:
                 assert len(opened) < 400, {pid: len(held) for pid, held in on.items()}
                 sock = socket.create_connection(("127.0.0.1", port), timeout=60)
                 opened.append(sock)
@@ -655,36 +656,44 @@ def test_a_crowded_worker_moves_a_kept_alive_connection_to_another() -> None:
                 pid, closed = _request_on(sock, answers, "/hello")
                 assert not closed
                 on[pid].append((sock, answers))
-            crowded_pid, other_pid = sorted(seen)
-            (kept, kept_answers), (with_body, body_answers), *holders = on[crowded_pid][:7]
-            # The other worker keeps one connection: 1 against 7 or more.
-            (calm, calm_answers), *gone = on[other_pid]
-            for sock, _ in gone:
-                sock.shutdown(socket.SHUT_RDWR)  # its reader (makefile) keeps it open
-            wait_for(lambda: _get(port, "/connections").split()[0] in ("1", "2"), "the others gone")
-            # The eighth answer on a worker that is not crowded: kept.
-            for _ in range(7):
-                assert _request_on(calm, calm_answers, "/hello") == (other_pid, False)
-            # Six more answers on two of the crowded worker's: each has had seven.
-            for _ in range(6):
-                for sock, answers in ((kept, kept_answers), (with_body, body_answers)):
+            crowded_pid, other_pid = sorted(on)
+            kept, with_body, pipelining, *holders = on[crowded_pid][:10]
+            # Two requests sent together on one connection of each worker: their clients do not
+            # wait for answers, and they are never closed to move them (`calm` asks the test's
+            # questions, whichever worker is crowded meanwhile).
+            (calm, calm_answers), *_ = on[other_pid]
+            for sock, answers in (pipelining, (calm, calm_answers)):
+                sock.sendall(b"GET /hello HTTP/1.1\r\nHost: test\r\n\r\n" * 2)
+                assert [answers.next()[0] for _ in range(2)] == [200, 200]
+            # Seven answers on three of the crowded worker's connections.
+            for (sock, answers), more in ((kept, 6), (with_body, 6), (pipelining, 4)):
+                for _ in range(more):
                     assert _request_on(sock, answers, "/hello") == (crowded_pid, False)
-            # Five requests held open there: it accepts no more while the other holds none.
+            # Seven requests held open on the crowded worker: busy in every period, against
+            # the other's one (`calm`, which the test asks) or none.
             for sock, _ in holders:
                 sock.sendall(b"GET /held-open HTTP/1.1\r\nHost: test\r\n\r\n")
             for _ in holders:
                 popped = client.blpop([f"{key}:arrived"], timeout=60)
-                assert popped is not None and int(popped[1]) == crowded_pid
-            assert _request_on(with_body, body_answers, "/hello", b"{}") == (crowded_pid, False)
-            assert _request_on(kept, kept_answers, "/hello") == (crowded_pid, True)
-            assert read_until_closed(kept) == b""  # closed after its answer
+                assert popped is not None and popped[1].decode() == crowded_pid
+            wait_for(
+                lambda: _request_on(calm, calm_answers, "/busy")[0] in ("0 7", "1 7"),
+                "a period of the held requests alone, and of `calm`",
+            )
+            # The eighth answers: kept for a body, and for the client that does not wait; the
+            # next closes its connection, and its client's next one goes to the other worker
+            # (the first holds more than it may accept).
+            assert _request_on(*with_body, "/hello", b"{}") == (crowded_pid, False)
+            assert _request_on(*pipelining, "/hello") == (crowded_pid, False)
+            assert _request_on(*kept, "/hello") == (crowded_pid, True)
+            assert read_until_closed(kept[0]) == b""  # closed after its answer
             with socket.create_connection(("127.0.0.1", port), timeout=60) as again:
                 assert _request_on(again, Answers(again), "/hello")[0] == other_pid
             client.rpush(f"{key}:release", *range(len(holders)))
             for _, answers in holders:
                 assert answers.next()[0] == 200
         finally:
-            client.rpush(f"{key}:release", *range(7))  # none held past a failure
+            client.rpush(f"{key}:release", *range(10))  # none held past a failure
             for sock in opened:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
