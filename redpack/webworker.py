@@ -123,10 +123,11 @@ ACCEPT_SLACK_FLOOR = 2
 # request in that time (one still running counts too), not idle kept-alive ones (a proxy's
 # pool), nor requests held at one moment (they swing: counted so, a split server went on
 # closing 25-50 connections a second). A worker busier than the least busy one that can accept
-# by more than the allowance above (of that one's count) plus REBALANCE_MARGIN answers a
-# REBALANCE_AFTER-th request on a connection (one without a body, of a client that has not
-# sent a request before an answer) with `Connection: close` (`crowded`), at most as many per
-# ACTIVE_SECONDS as it is over: the client's next connection goes to a worker that accepts.
+# by more than the allowance above (of that one's count) plus REBALANCE_MARGIN, and that holds
+# more requests than it may accept with, answers a REBALANCE_AFTER-th request on a connection
+# (one without a body, of a client not seen to send a request before an answer) with
+# `Connection: close` (`crowded`), at most half the gap per ACTIVE_SECONDS: the client's next
+# connection goes to a worker that accepts.
 # A burst's connections (one request each) are never closed this way.
 REBALANCE_AFTER = 8
 REBALANCE_MARGIN = 2
@@ -295,14 +296,16 @@ def may_accept(own: int, others: list[int], slack: int) -> bool:
 
 
 def crowded(own: int, others: list[int], slack: int) -> int:
-    """By how many busy connections a worker with `own` of them is over the least busy of
-    the other workers that can accept (`others`), past that one's allowance (`may_accept`'s)
-    and REBALANCE_MARGIN; 0 when it is not. It then closes that many kept-alive connections
-    after their answers (see REBALANCE_AFTER), which come back to the workers that accept."""
+    """How many kept-alive connections a worker with `own` busy ones closes after their
+    answers (see REBALANCE_AFTER), to come back to the workers that accept, while the other
+    workers that can accept have `others`: as many as it is over the least busy of them past
+    that one's allowance (`may_accept`'s) and REBALANCE_MARGIN, at most half the gap between
+    the two (each one moved narrows it by two); 0 when it is not over."""
     if not others:
         return 0
     least = min(others)
-    return max(0, own - least - _allowance(least, slack) - REBALANCE_MARGIN)
+    over = own - least - _allowance(least, slack) - REBALANCE_MARGIN
+    return max(0, min(over, (own - least) // 2))
 
 
 def _allowance(least: int, slack: int) -> int:
@@ -1135,10 +1138,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def _rebalanced(self, conn: Any) -> bool:
         """Whether this answer closes its kept-alive connection to move it to a less busy
-        worker (`crowded`, at most as many per period as this worker is over): asked at every
+        worker (`crowded`: at most as many per period as it says): asked at every
         REBALANCE_AFTER-th answer on it, only for a request without a body, of a worker that is
-        not stopping, and only on a connection whose client has never sent a request before the
-        answer to the one before (a request that came meanwhile would go unanswered)."""
+        not stopping and would not take the client's next connection itself (`may_accept`), and
+        only on a connection whose client has not been seen to send a request before the answer
+        to the one before (a request that came meanwhile would go unanswered)."""
         if conn.served % REBALANCE_AFTER or conn.pipelines or not self.alive:
             return False
         reader = conn.parser.mesg.body.reader
@@ -1147,6 +1151,8 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         if _past_empty_lines(conn.parser.unreader.buf.getvalue()) or _request_waiting(conn.sock):
             conn.pipelines = True  # its next request came before this answer
             return False
+        if may_accept(self._holds(), self._others(), ACCEPT_SLACK):
+            return False  # its client's next connection could come back here
         me = self.slot
         others = [_busy[s] for s in range(_used.value) if s != me and _ready[s]]
         if self._moved >= crowded(self._busy, others, ACCEPT_SLACK):
@@ -1205,16 +1211,19 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             _ready[self.slot] = int(ready)
 
     def _tally(self) -> None:
-        """Once per ACTIVE_SECONDS, in the loop: publish the busy connections of the period that
-        ended (those that carried a request in it, and those whose request still runs), and
-        start the next one."""
+        """At the first pass of the loop in each ACTIVE_SECONDS period: publish the busy
+        connections of the period that ended (those that carried a request in it, and those
+        whose request still runs; less those closed to move them), and start the next one. A
+        loop that slept past a period's end counts it from its last pass (at most a second and
+        a bit more)."""
         period = int(clock() // ACTIVE_SECONDS)
         if period == self._period:
             return
         ended = self._period
         with self._pending_lock:
             running = [fs.conn for fs in self._pending]  # type: ignore[attr-defined]
-        self._busy = self._busy_now + sum(1 for conn in running if conn.counted != ended)
+        busy = self._busy_now + sum(1 for conn in running if conn.counted != ended)
+        self._busy = max(0, busy - self._moved)  # those moved are busy elsewhere now
         self._busy_now = self._moved = 0
         self._period = period
         if self.slot >= 0:

@@ -610,6 +610,7 @@ def test_a_burst_is_split_between_the_workers() -> None:
         (16, [], 256, 0),  # alone: never
         (4, [0], 256, 0),  # the floor (2) and the margin (2) above the least busy
         (5, [0], 256, 1),
+        (64, [0], 256, 32),  # at most half the gap
         (36, [28], 256, 0),  # a quarter of the least busy (7) and the margin
         (38, [26], 256, 4),
         (2258, [2000], 256, 0),  # thousands: the slack and the margin
