@@ -1153,9 +1153,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             return False
         if may_accept(self._holds(), self._others(), ACCEPT_SLACK):
             return False  # its client's next connection could come back here
-        me = self.slot
-        others = [_busy[s] for s in range(_used.value) if s != me and _ready[s]]
-        if self._moved >= crowded(self._busy, others, ACCEPT_SLACK):
+        if self._moved >= crowded(self._busy, self._others(_busy), ACCEPT_SLACK):
             return False
         self._moved += 1
         return True
@@ -1236,9 +1234,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             return False
         return bool(self.nr_conns < self.worker_connections)
 
-    def _others(self) -> list[int]:
+    def _others(self, counts: Any = _held) -> list[int]:
+        """What the other workers that can accept hold: requests (`_held`), or busy
+        connections (`_busy`)."""
         me = self.slot
-        return [_held[s] for s in range(_used.value) if s != me and _ready[s]]
+        return [counts[s] for s in range(_used.value) if s != me and _ready[s]]
 
     def _wrap_future(self, fs: futures.Future[Any], conn: Any) -> None:
         fs.conn = conn  # type: ignore[attr-defined]

@@ -105,7 +105,7 @@ def _loop_of_one_worker(monkeypatch: pytest.MonkeyPatch, others: list[int]) -> A
     worker._no_room_until = None
     worker._waits, worker._gathers = webworker._Deadlines(), True
     worker._answering, worker._keep = threading.local(), deque()
-    monkeypatch.setattr(worker, "_others", lambda: others)
+    monkeypatch.setattr(worker, "_others", lambda *_: others)
     return worker
 
 
