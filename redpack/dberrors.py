@@ -17,6 +17,10 @@ UNREACHABLE = frozenset({2002, 2003, 2013})
 # found out may not have run, and the connection is of no further use.
 SERVER_GONE = 2006  # CR_SERVER_GONE_ERROR
 CONNECTION_LOST = frozenset({SERVER_GONE, 2013, 4031})
+# The server refused a new connection: it holds as many as it allows (ER_CON_COUNT_ERROR at
+# max_connections, ER_TOO_MANY_USER_CONNECTIONS at the user's max_user_connections). Nothing was
+# sent on it; the server is there but cannot take this client now.
+REFUSED = frozenset({1040, 1203})
 # The server ended the session under a statement (ER_SERVER_SHUTDOWN while it stops,
 # ER_CONNECTION_KILLED), or its name did not resolve (CR_UNKNOWN_HOST).
 SESSION_ENDED = frozenset({1053, 1927, 2005})
@@ -28,10 +32,10 @@ def code(exc: BaseException) -> object:
 
 
 def connection_failed(exc: BaseException) -> bool:
-    """MySQL could not be reached, or its connection was lost or unusable: whatever the
-    statement was, it may or may not have run (InterfaceError: the driver's connection was
-    already closed; Django's is no DatabaseError)."""
+    """MySQL could not be reached, refused a new connection (REFUSED), or its connection was
+    lost or unusable: whatever the statement was, it may or may not have run (InterfaceError:
+    the driver's connection was already closed; Django's is no DatabaseError)."""
     if isinstance(exc, InterfaceError):
         return True
-    lost = UNREACHABLE | CONNECTION_LOST | SESSION_ENDED
+    lost = UNREACHABLE | REFUSED | CONNECTION_LOST | SESSION_ENDED
     return isinstance(exc, OperationalError) and code(exc) in lost

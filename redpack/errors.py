@@ -42,6 +42,22 @@ class OutcomeUnknown(RedpackError):
     retry_after = 1
 
 
+class Unavailable(RedpackError):
+    """MySQL or Redis could not be reached, or lost the connection, under a request other than
+    a grab (which settles or answers OutcomeUnknown itself): retry after Retry-After seconds. A
+    request that writes (`wrote`) may or may not have taken effect."""
+
+    status = 503
+    code = "unavailable"
+    retry_after = 1
+
+    def __init__(self, *, wrote: bool) -> None:
+        said = "MySQL or Redis did not answer"
+        if wrote:
+            said += "; the request may or may not have taken effect: look before repeating it"
+        super().__init__(f"{said}; try again in a moment")
+
+
 class InsufficientBalance(RedpackError):
     status = 400
     code = "insufficient_balance"

@@ -105,6 +105,8 @@ def probe_mysql(target: str) -> str | None:
     except MySQLdb.OperationalError as exc:
         if dberrors.code(exc) in dberrors.UNREACHABLE:
             return f"no MariaDB/MySQL answers at {host}:{port}"
+        if dberrors.code(exc) in dberrors.REFUSED:
+            return f"MariaDB/MySQL at {host}:{port} takes no more connections ({exc})"
         return f"MariaDB/MySQL at {host}:{port} refuses root without a password ({exc})"
     return None
 

@@ -270,7 +270,7 @@ def _strategy_of(activity_id: int) -> str:
         return selectors.activity_strategy(activity_id)
 
 
-def _store_unreachable(exc: BaseException) -> bool:
+def store_unreachable(exc: BaseException) -> bool:
     """MySQL or Redis could not be reached, or the connection to it was lost mid-request (not a
     refused password: redis-py's authentication errors are ConnectionErrors too)."""
     if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
@@ -288,7 +288,7 @@ def _unknown_when_unreachable(ids: dict[str, int]) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not _store_unreachable(exc):
+        if not store_unreachable(exc):
             raise
         if dberrors.connection_failed(exc):
             close_old_connections()  # the broken one, for this thread's next grab

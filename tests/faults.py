@@ -17,6 +17,9 @@
   through a proxy or a network path the client's side timed out of), and waits for its reply.
   What is held is the read that holds the trigger (as for every fault here, a request sent in
   one write, small enough for one read).
+- `refuse_logins()`: each new MariaDB connection gets the server's greeting, then, instead of
+  the server's answer to its login, the error MariaDB sends once it holds `max_connections`
+  (`TOO_MANY_CONNECTIONS`), and is closed; connections already open go on, until `heal()`.
 
 `RoundRobinProxy` spreads connections over several servers in turn (two web servers behind one
 address, as behind nginx or HAProxy).
@@ -32,6 +35,10 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 
 from tests.servers import free_port
+
+# MariaDB's answer to a login while it holds max_connections (ER_CON_COUNT_ERROR, 1040), as
+# read off a MariaDB 10.11 at its limit: the packet after the client's login packet.
+TOO_MANY_CONNECTIONS = b"\x1d\x00\x00\x02\xff\x10\x04#08004Too many connections"
 
 
 @dataclass
@@ -60,6 +67,7 @@ class FaultProxy:
         self.fault: _Fault | None = None
         self.holding: _Fault | None = None  # armed by hold(), until let through
         self.fired = 0  # faults injected so far
+        self.login_reply: bytes | None = None  # refuse_logins: the answer to a new login
         self.restore()
 
     @property
@@ -109,10 +117,15 @@ class FaultProxy:
         upstream.sendall(data)
         assert fault.answered.wait(timeout), "the server did not answer the held request"
 
+    def refuse_logins(self, reply: bytes = TOO_MANY_CONNECTIONS) -> None:
+        with self.lock:
+            self.login_reply = reply
+
     def heal(self) -> None:
         """No more faults (those armed and not yet fired are forgotten)."""
         with self.lock:
             self.fault = None
+            self.login_reply = None
 
     def _connect(self) -> socket.socket:
         return socket.create_connection(self.target)
@@ -148,8 +161,17 @@ class FaultProxy:
     def _requests(
         self, client: socket.socket, upstream: socket.socket, swallow: list[_Fault]
     ) -> None:
+        login = True  # the client's first packet: its login, after the server's greeting
         try:
             while data := client.recv(65536):
+                if login:
+                    login = False
+                    with self.lock:
+                        refusal = self.login_reply
+                        self.fired += refusal is not None
+                    if refusal is not None:
+                        client.sendall(refusal)
+                        break
                 fault = self._take_fault(data)
                 if fault is None:
                     upstream.sendall(data)

@@ -3,15 +3,20 @@
 {"error": {"code": "...", "message": "...", "fields": {"<field>": ["..."]}}}
 """
 
+import logging
 from typing import Any
 
 from django.http import Http404
 from rest_framework import exceptions, status
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from redpack.errors import RedpackError
+from redpack import metrics, services
+from redpack.errors import RedpackError, Unavailable
+
+logger = logging.getLogger(__name__)
 
 # Characters of a client's value (a format, a coding, a charset, a type) named back in an
 # error's message, at most; a field name longer than it is not named (`body` instead).
@@ -44,6 +49,18 @@ def _sent_credentials(context: dict[str, Any]) -> bool:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if services.store_unreachable(exc):  # a 503 to retry, not a server error
+        request = context.get("request")
+        metrics.store_error(exc, "api")
+        logger.warning(
+            "store unreachable",
+            extra={
+                "event": "store_unreachable",
+                "error": exc,
+                "view": type(context.get("view")).__name__,
+            },
+        )
+        exc = Unavailable(wrote=request is None or request.method not in SAFE_METHODS)
     if isinstance(exc, RedpackError):
         fields = {exc.field: [exc.message]} if exc.field else {}
         headers = None if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}

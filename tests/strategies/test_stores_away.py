@@ -4,6 +4,7 @@ answer. A one-grab transaction whose COMMIT lost its reply is settled from its o
 through tests/faults.py in front of the real MariaDB and Redis."""
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -24,6 +25,7 @@ from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry, steps
 from strategies.base import GrabResult, Outcome
+from tests.faults import FaultProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -162,24 +164,39 @@ def test_a_transaction_that_wrote_nothing_keeps_its_answer_when_its_commit_reply
     assert_consistent(activity)
 
 
+def mysql_away(proxy: FaultProxy, how: str) -> Callable[[], None]:
+    """Take MySQL away from this thread's connection (`cut`: no server answers; `at_its_limit`:
+    MariaDB holds max_connections and refuses a new login); returns what brings it back."""
+    if how == "cut":
+        proxy.cut()
+        return proxy.restore
+    proxy.refuse_logins()
+    connection.close()  # the next statement logs in anew, and is refused
+    return proxy.heal
+
+
+AWAY = ["cut", "at_its_limit"]
+
+
+@pytest.mark.parametrize("away", AWAY)
 @pytest.mark.parametrize("strategy", ["group_commit", "pessimistic", "redis_counter"])
 @pytest.mark.parametrize("known", [True, False], ids=["known_activity", "first_grab_here"])
 def test_a_grab_while_mysql_is_away_is_unknown_and_grabs_once_it_is_back(
-    strategy, known, mysql_proxy, make_users, sender
+    strategy, known, away, mysql_proxy, make_users, sender
 ):
-    """MySQL refuses connections: each grab, a repeated one too, is 503, whether the process
-    knew the activity's strategy (`known`) or had to ask MySQL for it; once MySQL is back the
-    user has one grab, told once."""
+    """MySQL refuses connections, or takes no more: each grab, a repeated one too, is 503,
+    whether the process knew the activity's strategy (`known`) or had to ask MySQL for it; once
+    MySQL is back the user has one grab, told once."""
     activity = send(sender, strategy)
     first, user = make_users(2)
     assert grab(activity, first).outcome is Outcome.GRABBED
     if not known:
         selectors.activity_facts.cache_clear()
-    mysql_proxy.cut()
+    back = mysql_away(mysql_proxy, away)
     for _ in range(2):
         with pytest.raises(OutcomeUnknown):
             grab(activity, user)
-    mysql_proxy.restore()
+    back()
     connection.close()
     again = grab(activity, user)
     held = row_of(activity, user)
@@ -189,9 +206,10 @@ def test_a_grab_while_mysql_is_away_is_unknown_and_grabs_once_it_is_back(
     assert_consistent(activity)
 
 
+@pytest.mark.parametrize("away", AWAY)
 @pytest.mark.parametrize("strategy", ["redis_queue_async", "group_commit"])
 def test_a_grab_request_while_mysql_is_away_is_a_503_the_client_can_retry(
-    strategy, mysql_proxy, make_users, sender
+    strategy, away, mysql_proxy, make_users, sender
 ):
     """Over HTTP, in a process that has yet to learn the activity's strategy (which only MySQL
     knows): 503 `outcome_unknown` with Retry-After, and the grab once MySQL is back."""
@@ -200,16 +218,73 @@ def test_a_grab_request_while_mysql_is_away_is_a_503_the_client_can_retry(
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
     selectors.activity_facts.cache_clear()
-    mysql_proxy.cut()
+    back = mysql_away(mysql_proxy, away)
     refused = client.post(f"/api/activities/{activity.pk}/grab/")
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "outcome_unknown"
     assert refused["Retry-After"] == "1"
-    mysql_proxy.restore()
+    back()
     connection.close()
     answered = client.post(f"/api/activities/{activity.pk}/grab/")
     assert answered.status_code == 200 and answered.json()["outcome"] == "grabbed"
     assert_consistent(activity)
+
+
+@pytest.mark.parametrize("away", AWAY)
+def test_the_other_api_calls_while_mysql_is_away_are_a_503_to_retry(
+    away, mysql_proxy, make_users, sender
+):
+    """Reading an activity, a user's grabs, logging in and sending, with MySQL away: 503
+    `unavailable` with Retry-After, never a server error; a send says it may or may not have
+    been made. Once MySQL is back, the same calls are answered."""
+    activity = send(sender, "pessimistic")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(sender)}")
+    sender.set_password("secret-pass-1")
+    sender.save()
+    calls = {
+        "activity": lambda: client.get(f"/api/activities/{activity.pk}/"),
+        "my grabs": lambda: client.get("/api/me/grabs/"),
+        "login": lambda: APIClient().post(
+            "/api/token/", {"username": sender.username, "password": "secret-pass-1"}, format="json"
+        ),
+        "send": lambda: client.post(
+            "/api/activities/",
+            {"total_amount": "1.00", "total_count": 1, "strategy": "pessimistic"},
+            format="json",
+        ),
+    }
+    back = mysql_away(mysql_proxy, away)
+    for name, call in calls.items():
+        refused = call()
+        assert refused.status_code == 503, (name, refused.content)
+        error = refused.json()["error"]
+        assert error["code"] == "unavailable", name
+        assert refused["Retry-After"] == "1", name
+        assert ("may or may not have taken effect" in error["message"]) is (
+            name in {"login", "send"}
+        )
+    back()
+    connection.close()
+    answered = {name: call().status_code for name, call in calls.items()}
+    assert answered == {"activity": 200, "my grabs": 200, "login": 200, "send": 201}
+
+
+def test_a_send_while_redis_is_away_is_a_503_and_sends_nothing(redis_proxy, sender):
+    """A Redis strategy's send asks Redis before it commits: with Redis away, 503
+    `unavailable` (not a server error), and no activity, no debit."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(sender)}")
+    before = Activity.objects.filter(sender=sender).count()
+    redis_proxy.cut()
+    refused = client.post(
+        "/api/activities/",
+        {"total_amount": "1.00", "total_count": 1, "strategy": "redis_counter"},
+        format="json",
+    )
+    assert refused.status_code == 503, refused.content
+    assert refused.json()["error"]["code"] == "unavailable"
+    assert Activity.objects.filter(sender=sender).count() == before
 
 
 def test_a_lock_grab_while_redis_is_away_is_unknown(redis_proxy, make_users, sender):
@@ -242,6 +317,8 @@ def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
         (OperationalError(2013, "Lost connection to server during query"), True),
         (OperationalError(2002, "Can't connect to server"), True),
         (OperationalError(1927, "Connection was killed"), True),
+        (OperationalError(1040, "Too many connections"), True),
+        (OperationalError(1203, "User already has more than 'max_user_connections'"), True),
         (InterfaceError(0, ""), True),
         (OperationalError(1205, "Lock wait timeout exceeded"), False),
         (IntegrityError(1062, "Duplicate entry"), False),
@@ -254,4 +331,4 @@ def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
 def test_what_counts_as_a_store_that_did_not_answer(error, unreachable):
     """What a grab answers 503 `outcome_unknown` for: a connection that failed, not a refusal
     the server made on purpose (a lock wait, a constraint, a wrong password, a script error)."""
-    assert services._store_unreachable(error) is unreachable
+    assert services.store_unreachable(error) is unreachable
