@@ -67,12 +67,30 @@ def on_starting(server):  # type: ignore[no-untyped-def]
 
     hold_what_files_allow(server)
     say_if_the_queue_is_capped(server)
+    say_if_mysql_is_short(server)
 
 
 def on_reload(server):  # type: ignore[no-untyped-def]
     """A reload (SIGHUP) reads this file again into a new config, then forks new workers."""
     hold_what_files_allow(server)
     say_if_the_queue_is_capped(server)
+    say_if_mysql_is_short(server)
+
+
+def say_if_mysql_is_short(server):  # type: ignore[no-untyped-def]
+    """Each web thread keeps a MySQL connection: a MySQL whose max_connections cannot hold the
+    workers' threads refuses the ones beyond it under load (each such request a 503), said at
+    start and after a reload, with the fix (redpack/checks.py)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "redpack.settings")  # as redpack/wsgi.py
+    try:
+        from redpack import checks
+
+        shortages = checks.mysql_short_of(server.cfg.workers * server.cfg.threads)
+    except Exception:  # noqa: BLE001 - a check at start never stops the server
+        server.log.debug("MySQL's room for connections not checked", exc_info=True)
+        return
+    for short in shortages:
+        server.log.warning(short)
 
 
 def say_if_the_queue_is_capped(server):  # type: ignore[no-untyped-def]

@@ -516,6 +516,23 @@ def test_a_server_says_when_the_kernel_caps_its_listen_queue_below_its_backlog(
     assert all(f"net.core.somaxconn={hooks['backlog']}" in w[0] % w[1:] for w in warnings)
 
 
+@pytest.mark.parametrize(("threads", "said"), [(1, 0), (1_000_000, 1)])
+def test_a_server_says_when_mysql_cannot_hold_a_connection_for_each_of_its_threads(
+    threads: int, said: int
+) -> None:
+    """Each web thread keeps a MySQL connection: gunicorn.conf.py says at start when the real
+    MariaDB's max_connections leaves room for fewer than the workers' threads, with the fix."""
+    hooks = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    config = Config()
+    config.set("workers", 2)
+    config.set("threads", threads)
+    warnings: list[tuple[Any, ...]] = []
+    log = SimpleNamespace(warning=lambda *a: warnings.append(a), debug=lambda *a, **k: None)
+    hooks["say_if_mysql_is_short"](SimpleNamespace(cfg=config, log=log))
+    assert len(warnings) == said
+    assert all("raise max_connections" in w[0] for w in warnings)
+
+
 HOOK_UNDER_A_HARD_LIMIT = """
 import resource, runpy, sys
 from types import SimpleNamespace

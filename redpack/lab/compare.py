@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from redpack import ledger, services, webworker
 from redpack.audit import audit_books
+from redpack.checks import mysql_room
 from strategies import registry
 
 from . import ceilings as ceiling_runs
@@ -497,11 +498,8 @@ class Compare:
             return
         wanted = max(bench_concurrency(self.config, name) for name in self.names)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT @@max_connections")
-            (limit,) = cursor.fetchone()
-            cursor.execute("SHOW STATUS LIKE 'Threads_connected'")
-            (_, connected) = cursor.fetchone()
-        room = int(limit) - int(connected)
+            limit, connected = mysql_room(cursor)
+        room = limit - connected
         if wanted + BENCH_CONNECTIONS_SPARE > room:
             raise RuntimeError(
                 f"the bench keeps {wanted} MySQL connections and MySQL has room for {room}"
