@@ -12,7 +12,10 @@ it; 4096 on this machine), and each worker holds up to `worker_connections` conn
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 
 backlog = int(os.environ.get("REDPACK_WEB_BACKLOG", "4096"))
 worker_connections = int(os.environ.get("REDPACK_WEB_CONNECTIONS", "10000"))
@@ -74,23 +77,28 @@ def on_reload(server):  # type: ignore[no-untyped-def]
     """A reload (SIGHUP) reads this file again into a new config, then forks new workers."""
     hold_what_files_allow(server)
     say_if_the_queue_is_capped(server)
-    say_if_mysql_is_short(server)
 
 
 def say_if_mysql_is_short(server):  # type: ignore[no-untyped-def]
     """Each web thread keeps a MySQL connection: a MySQL whose max_connections cannot hold the
-    workers' threads refuses the ones beyond it under load (each such request a 503), said at
-    start and after a reload, with the fix (redpack/checks.py)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "redpack.settings")  # as redpack/wsgi.py
-    try:
-        from redpack import checks
+    workers' threads beside the connections it holds refuses the ones beyond under load (each
+    such request a 503); said at start, with the fix (redpack/checks.py), on a thread of its own
+    so that the start does not wait for it. Asked in a child process: the master never loads
+    the app's settings, so the workers of a reload read them anew. Not after a reload, when the
+    old workers still hold their connections."""
+    threading.Thread(target=mysql_room_said, args=(server,), daemon=True).start()
 
-        shortages = checks.mysql_short_of(server.cfg.workers * server.cfg.threads)
-    except Exception:  # noqa: BLE001 - a check at start never stops the server
-        server.log.debug("MySQL's room for connections not checked", exc_info=True)
+
+def mysql_room_said(server):  # type: ignore[no-untyped-def]
+    wanted = server.cfg.workers * server.cfg.threads
+    command = [sys.executable, "-m", "redpack.checks", str(wanted)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        server.log.debug("MySQL's room for connections not checked: %s", exc)
         return
-    for short in shortages:
-        server.log.warning(short)
+    for line in done.stdout.splitlines():
+        server.log.warning(line)
 
 
 def say_if_the_queue_is_capped(server):  # type: ignore[no-untyped-def]

@@ -6,6 +6,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core import checks
 
+from redpack import dberrors
+
 
 def _redis_database(url: str) -> tuple[str, int, str]:
     parts = urlsplit(url)
@@ -38,43 +40,76 @@ def mysql_room(cursor: Any) -> tuple[int, int]:
 
 
 def mysql_short_of(threads: int) -> list[str]:
-    """For each MySQL server of the settings that answers and has room for fewer connections
-    than `threads` (a web server's workers × threads) keep, why. Each thread keeps one
-    connection per database it uses (DB_CONN_MAX_AGE), so a server holding several of them (the
-    shards) is asked for as many times as many; MySQL refuses the ones beyond its
-    max_connections (1040), and the requests that needed them answer 503. A server that does
-    not answer now says nothing."""
+    """For each MySQL server of the settings that has room for fewer connections than
+    `threads` (a web server's workers × threads) keep, or that refuses a new one now, why. Each
+    thread keeps one connection per database it uses (DB_CONN_MAX_AGE), so a server holding
+    several of them (the shards) is asked for as many times as many; MySQL refuses the ones
+    beyond its max_connections (1040) or the user's max_user_connections (1203), and the
+    requests that needed them answer 503. A server that does not answer now says nothing."""
     import MySQLdb  # the driver of every MySQL database here (settings.DATABASES)
+    from django.db import connections
 
-    servers: dict[tuple[str, int, str], list[str]] = {}
-    for alias, db in settings.DATABASES.items():
-        if db["ENGINE"] == "django.db.backends.mysql":
-            where = (db["HOST"] or "localhost", int(db["PORT"] or 3306), db["USER"])
-            servers.setdefault(where, []).append(alias)
+    servers: dict[tuple[object, ...], list[str]] = {}
+    params: dict[tuple[object, ...], dict[str, Any]] = {}
+    for alias in settings.DATABASES:
+        if connections[alias].vendor != "mysql":
+            continue
+        given = connections[alias].get_connection_params()
+        given.pop("database", None)  # the server's room, whichever database (maybe not made yet)
+        where = tuple(given.get(key) for key in ("host", "port", "unix_socket", "user"))
+        servers.setdefault(where, []).append(alias)
+        params[where] = given
     short = []
-    for (host, port, user), aliases in servers.items():
-        db = settings.DATABASES[aliases[0]]
+    for where, aliases in servers.items():
+        place = f"MySQL at {where[2] or f'{where[0]}:{where[1]}'} ({', '.join(aliases)})"
+        wanted = threads * len(aliases)
+        fix = "raise max_connections above every web thread, Celery's workers and the rest"
+        bounded = {"connect_timeout": 3, "read_timeout": 3, "write_timeout": 3}
         try:
-            probe = MySQLdb.connect(
-                host=host, port=port, user=user, password=db["PASSWORD"], connect_timeout=3
-            )
-        except MySQLdb.Error:
+            probe = MySQLdb.connect(**{**params[where], **bounded})
+        except MySQLdb.Error as exc:
+            if dberrors.code(exc) in dberrors.REFUSED:
+                short.append(f"{place} refuses new connections now ({exc}): {fix}")
             continue
         try:
-            limit, connected = mysql_room(probe.cursor())
+            cursor = probe.cursor()
+            limit, connected = mysql_room(cursor)
+            cursor.execute(
+                "SELECT @@max_user_connections, COUNT(*) FROM information_schema.PROCESSLIST"
+                " WHERE USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1)"
+            )
+            user_limit, user_connected = cursor.fetchone()
+        except MySQLdb.Error:
+            continue
         finally:
             probe.close()
         room = limit - (connected - 1)  # the probe's own connection is gone
-        wanted = threads * len(aliases)
         if wanted > room:
             short.append(
-                f"MySQL at {host}:{port} ({', '.join(aliases)}) has room for {room} more"
-                f" connections (max_connections {limit}, {connected - 1} held) and this"
-                f" server's threads keep up to {wanted}: raise max_connections above every"
-                " web thread, Celery's workers and the rest"
+                f"{place} has room for {room} more connections (max_connections {limit},"
+                f" {connected - 1} held) and this server's threads keep up to {wanted}: {fix}"
+            )
+        user_room = int(user_limit) - (int(user_connected) - 1)
+        if int(user_limit) and wanted > user_room:
+            short.append(
+                f"{place} lets this user open {user_room} more connections"
+                f" (max_user_connections {user_limit}) and this server's threads keep up to"
+                f" {wanted}: raise the user's max_user_connections"
             )
     return short
 
 
 def register() -> None:
     checks.register(check_celery_broker_apart)
+
+
+if __name__ == "__main__":  # gunicorn.conf.py's check at start, in a process of its own
+    import os
+    import sys
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "redpack.settings")  # as redpack/wsgi.py
+    django.setup()
+    for line in mysql_short_of(int(sys.argv[1])):
+        print(line)

@@ -43,9 +43,10 @@ class OutcomeUnknown(RedpackError):
 
 
 class Unavailable(RedpackError):
-    """MySQL or Redis could not be reached, or lost the connection, under a request other than
-    a grab (which settles or answers OutcomeUnknown itself): retry after Retry-After seconds. A
-    request that writes (`wrote`) may or may not have taken effect."""
+    """MySQL or Redis could not be reached, or lost the connection, under an API request, not
+    in a grab's strategy (which settles or answers OutcomeUnknown itself): retry after
+    Retry-After seconds. A request that writes (`wrote`: an unsafe method whose view does not
+    say otherwise, api/errors.py) may or may not have taken effect."""
 
     status = 503
     code = "unavailable"

@@ -7,6 +7,7 @@ import gc
 import io
 import json
 import logging
+import os
 import resource
 import runpy
 import select
@@ -528,9 +529,36 @@ def test_a_server_says_when_mysql_cannot_hold_a_connection_for_each_of_its_threa
     config.set("threads", threads)
     warnings: list[tuple[Any, ...]] = []
     log = SimpleNamespace(warning=lambda *a: warnings.append(a), debug=lambda *a, **k: None)
-    hooks["say_if_mysql_is_short"](SimpleNamespace(cfg=config, log=log))
-    assert len(warnings) == said
+    hooks["mysql_room_said"](SimpleNamespace(cfg=config, log=log))  # the start's thread's work
+    assert bool(warnings) is bool(said)
     assert all("raise max_connections" in w[0] for w in warnings)
+
+
+MASTER_AT_START = """
+import runpy, sys
+from types import SimpleNamespace
+from gunicorn.config import Config
+hooks = runpy.run_path("gunicorn.conf.py")
+log = SimpleNamespace(warning=print, debug=print)
+hooks["say_if_mysql_is_short"](SimpleNamespace(cfg=Config(), log=log))
+print("settings loaded" if "redpack.settings" in sys.modules else "settings not loaded")
+"""
+
+
+def test_the_master_never_loads_the_app_settings_to_check_mysql() -> None:
+    """The check runs in a child process: a master that loaded the settings would hand them to
+    the workers of a reload, which must read them anew."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", MASTER_AT_START],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "settings not loaded"
 
 
 HOOK_UNDER_A_HARD_LIMIT = """

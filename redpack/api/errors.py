@@ -60,7 +60,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                 "view": type(context.get("view")).__name__,
             },
         )
-        exc = Unavailable(wrote=request is None or request.method not in SAFE_METHODS)
+        wrote = request is None or request.method not in SAFE_METHODS
+        exc = Unavailable(
+            wrote=wrote and getattr(context.get("view"), "store_may_have_written", True)
+        )
     if isinstance(exc, RedpackError):
         fields = {exc.field: [exc.message]} if exc.field else {}
         headers = None if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}

@@ -187,6 +187,9 @@ class GrabView(GatedView):
 
     gate_scope = "grab"
     known: GrabResult | None = None  # the answer from memory (`answered_at_once`)
+    # A store that did not answer the strategy is the service's OutcomeUnknown: one that
+    # reaches the API's handler (503 `unavailable`) failed the checks before it, nothing taken.
+    store_may_have_written = False
 
     def answered_at_once(self, request: Request, kwargs: dict[str, Any]) -> bool:
         """A grab of an activity this process knows has ended is answered from memory before
@@ -415,9 +418,11 @@ class LoginView(FieldsNamed, TokenObtainPairView):
     401 names both credentials."""
 
     named = (get_user_model().USERNAME_FIELD, "password")
+    store_may_have_written = False  # a login writes nothing (api/errors.py)
 
 
 class RefreshView(FieldsNamed, TokenRefreshView):
     """Takes a refresh token and returns a new access token. A 401 names `refresh`."""
 
     named = ("refresh",)
+    store_may_have_written = False
