@@ -82,22 +82,35 @@ def on_reload(server):  # type: ignore[no-untyped-def]
 def say_if_mysql_is_short(server):  # type: ignore[no-untyped-def]
     """Each web thread keeps a MySQL connection: a MySQL whose max_connections cannot hold the
     workers' threads beside the connections it holds refuses the ones beyond under load (each
-    such request a 503); said at start, with the fix (redpack/checks.py), on a thread of its own
-    so that the start does not wait for it. Asked in a child process: the master never loads
-    the app's settings, so the workers of a reload read them anew. Not after a reload, when the
-    old workers still hold their connections."""
-    threading.Thread(target=mysql_room_said, args=(server,), daemon=True).start()
-
-
-def mysql_room_said(server):  # type: ignore[no-untyped-def]
+    such request a 503); said at start, with the fix (redpack/checks.py). Asked in a child
+    process, started here, before any worker is forked (a worker forked while its pipe was
+    being made would hold the pipe open), and read on a thread of its own, so that the start
+    does not wait for it: the master never loads the app's settings, so the workers of a
+    reload read them anew. Not after a reload, when the old workers still hold their
+    connections."""
     wanted = server.cfg.workers * server.cfg.threads
     command = [sys.executable, "-m", "redpack.checks", str(wanted)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+    except OSError as exc:
         server.log.debug("MySQL's room for connections not checked: %s", exc)
         return
-    for line in done.stdout.splitlines():
+    reader = threading.Thread(target=mysql_room_said, args=(server, child), daemon=True)
+    reader.start()
+    return reader  # gunicorn ignores it; a test waits for it
+
+
+def mysql_room_said(server, child):  # type: ignore[no-untyped-def]
+    """What the check in `child` found, said as warnings."""
+    try:
+        said, _ = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        server.log.debug("MySQL's room for connections not checked in time")
+        return
+    for line in said.splitlines():
         server.log.warning(line)
 
 

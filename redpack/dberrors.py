@@ -20,7 +20,8 @@ CONNECTION_LOST = frozenset({SERVER_GONE, 2013, 4031})
 # The server refused a new connection: it holds as many as it allows (ER_CON_COUNT_ERROR at
 # max_connections, ER_TOO_MANY_USER_CONNECTIONS at the user's max_user_connections). Nothing was
 # sent on it; the server is there but cannot take this client now.
-REFUSED = frozenset({1040, 1203})
+USER_LIMIT = 1203
+REFUSED = frozenset({1040, USER_LIMIT})
 # The server ended the session under a statement (ER_SERVER_SHUTDOWN while it stops,
 # ER_CONNECTION_KILLED), or its name did not resolve (CR_UNKNOWN_HOST).
 SESSION_ENDED = frozenset({1053, 1927, 2005})

@@ -14,6 +14,7 @@ from django.utils import timezone
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import AuthorizationError as RedisAuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from strategies import registry
@@ -113,9 +114,21 @@ def _activity_write(activity: Activity) -> None:
     prepare; it enters the expiry schedule once that commits."""
     activity.save(force_insert=True)
     registry.get(activity.strategy).prepare(activity)
-    # Robust: with Redis away the send stands (committed, answered 201), and the expiry sweep
-    # registers the activity from MySQL once it is due (expiry.py).
-    shards.on_commit(lambda: expiry.register([activity]), robust=True)
+    shards.on_commit(lambda: _register_expiry(activity))
+
+
+def _register_expiry(activity: Activity) -> None:
+    """The committed activity into the expiry schedule. With Redis away the send stands
+    (answered 201): the expiry sweep registers the activity from MySQL once it is due."""
+    try:
+        expiry.register([activity])
+    except RedisError as exc:
+        metrics.store_error(exc, "expiry_register")
+        logger.warning(
+            "activity %s: expiry not registered in Redis; the sweep registers it once due",
+            activity.pk,
+            extra={"event": "expiry_not_registered", "activity": activity.pk, "error": exc},
+        )
 
 
 def grab_carries_checks(*, activity_id: int) -> bool:

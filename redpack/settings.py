@@ -127,6 +127,13 @@ def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
                 "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
             }
         )
+        # Seconds a statement's reply may take before the client gives up on its connection
+        # (lost, the outcome unknown: a grab settles it or answers 503), so that a MySQL that
+        # stalls without closing does not hold a thread until TCP gives up; 0: no limit. The
+        # web process sets its own default (redpack/wsgi.py); migrations and Celery's tasks,
+        # whose statements may rightly run long, have none unless it is set.
+        if waits := env.int("DB_READ_TIMEOUT", default=0):
+            db["OPTIONS"].update(read_timeout=waits, write_timeout=waits)
         db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
     # SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every
     # transaction begins IMMEDIATE, taking the write lock up front: SQLite ignores SELECT … FOR

@@ -17,6 +17,8 @@
   through a proxy or a network path the client's side timed out of), and waits for its reply.
   What is held is the read that holds the trigger (as for every fault here, a request sent in
   one write, small enough for one read).
+- `stall()`: what clients send is read and thrown away, their connections left open, until
+  `heal()`: a server that stopped answering without closing (a host gone, no reset).
 - `refuse_logins()`: each new MariaDB connection gets the server's greeting, then, instead of
   the server's answer to its login, the error MariaDB sends once it holds `max_connections`
   (`TOO_MANY_CONNECTIONS`), and is closed; connections already open go on, until `heal()`.
@@ -68,6 +70,7 @@ class FaultProxy:
         self.holding: _Fault | None = None  # armed by hold(), until let through
         self.fired = 0  # faults injected so far
         self.login_reply: bytes | None = None  # refuse_logins: the answer to a new login
+        self.stalling = False  # stall(): requests read and thrown away
         self.restore()
 
     @property
@@ -117,6 +120,10 @@ class FaultProxy:
         upstream.sendall(data)
         assert fault.answered.wait(timeout), "the server did not answer the held request"
 
+    def stall(self) -> None:
+        with self.lock:
+            self.stalling = True
+
     def refuse_logins(self, reply: bytes = TOO_MANY_CONNECTIONS) -> None:
         with self.lock:
             self.login_reply = reply
@@ -126,6 +133,7 @@ class FaultProxy:
         with self.lock:
             self.fault = None
             self.login_reply = None
+            self.stalling = False
 
     def _connect(self) -> socket.socket:
         return socket.create_connection(self.target)
@@ -164,6 +172,11 @@ class FaultProxy:
         login = True  # the client's first packet: its login, after the server's greeting
         try:
             while data := client.recv(65536):
+                with self.lock:
+                    stalled = self.stalling
+                    self.fired += stalled
+                if stalled:
+                    continue
                 if login:
                     login = False
                     with self.lock:

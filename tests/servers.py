@@ -84,6 +84,14 @@ def service_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def python_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`code` run by this Python in a fresh process from the project's root, its output as
+    text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def wait_until_answers(url: str, process: subprocess.Popen, what: str) -> None:
     """Until `url` answers 200; RuntimeError when `process` died or after a minute."""
     deadline = time.monotonic() + 60

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from tests.servers import ROOT, service_env
+from tests.servers import ROOT, python_child, service_env
 
 REPORT = (
     "import django; django.setup(); import sentry_sdk; "
@@ -83,3 +83,29 @@ def test_the_worker_yields_the_cpu_by_its_setting():
     assert added("0").stdout.strip() == "0"
     refused = added("-5")
     assert refused.returncode != 0 and "REDPACK_WORKER_NICE must be 0 to 19" in refused.stderr
+
+
+READ_TIMEOUT_REPORT = (
+    "import sys; {load}; from django.conf import settings; "
+    "print(settings.DATABASES['default']['OPTIONS'].get('read_timeout'))"
+)
+
+
+def test_the_web_process_waits_for_a_mysql_reply_only_so_long():
+    """The web process's MySQL connections give up on a reply after DB_READ_TIMEOUT (90 s
+    unless set: redpack/wsgi.py), so a MySQL that stalls without closing frees its threads;
+    another process (a migration, Celery) waits for as long as a statement takes unless it is
+    set."""
+
+    def read_timeout(load: str, **extra: str) -> str:
+        env = service_env(**extra)
+        if not extra:
+            env.pop("DB_READ_TIMEOUT", None)
+        done = python_child(READ_TIMEOUT_REPORT.format(load=load), env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip()
+
+    assert read_timeout("import redpack.wsgi") == "90"
+    assert read_timeout("import redpack.wsgi", DB_READ_TIMEOUT="5") == "5"
+    assert read_timeout("import django; django.setup()") == "None"
+    assert read_timeout("import django; django.setup()", DB_READ_TIMEOUT="5") == "5"

@@ -39,6 +39,7 @@ from .servers import (
     Answers,
     free_port,
     gunicorn,
+    python_child,
     raw_request,
     read_until_closed,
     service_env,
@@ -529,7 +530,7 @@ def test_a_server_says_when_mysql_cannot_hold_a_connection_for_each_of_its_threa
     config.set("threads", threads)
     warnings: list[tuple[Any, ...]] = []
     log = SimpleNamespace(warning=lambda *a: warnings.append(a), debug=lambda *a, **k: None)
-    hooks["mysql_room_said"](SimpleNamespace(cfg=config, log=log))  # the start's thread's work
+    hooks["say_if_mysql_is_short"](SimpleNamespace(cfg=config, log=log)).join()
     assert bool(warnings) is bool(said)
     assert all("raise max_connections" in w[0] for w in warnings)
 
@@ -549,15 +550,8 @@ def test_the_master_never_loads_the_app_settings_to_check_mysql() -> None:
     """The check runs in a child process: a master that loaded the settings would hand them to
     the workers of a reload, which must read them anew."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    done = subprocess.run(
-        [sys.executable, "-c", MASTER_AT_START],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = python_child(MASTER_AT_START, env)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "settings not loaded"
 
 

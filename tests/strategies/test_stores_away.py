@@ -4,7 +4,7 @@ answer. A one-grab transaction whose COMMIT lost its reply is settled from its o
 through tests/faults.py in front of the real MariaDB and Redis."""
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -197,6 +197,49 @@ def test_a_grab_while_mysql_is_away_is_unknown_and_grabs_once_it_is_back(
         with pytest.raises(OutcomeUnknown):
             grab(activity, user)
     back()
+    connection.close()
+    again = grab(activity, user)
+    held = row_of(activity, user)
+    assert held is not None
+    assert again in {GrabResult(Outcome.GRABBED, held), GrabResult(Outcome.ALREADY_GRABBED, held)}
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, held)
+    assert_consistent(activity)
+
+
+@pytest.fixture
+def short_mysql_waits() -> Iterator[None]:
+    """MySQL connections give up on a reply, and on a login, after a second (DB_READ_TIMEOUT,
+    DB_CONNECT_TIMEOUT)."""
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    options.update(read_timeout=1, write_timeout=1, connect_timeout=1)
+    connection.close()
+    yield
+    options.clear()
+    options.update(saved)
+    connection.close()
+
+
+@pytest.mark.parametrize("strategy", ["pessimistic", "redis_counter"])
+def test_a_grab_while_mysql_stalls_is_unknown_once_its_wait_ends(
+    strategy, mysql_proxy, short_mysql_waits, make_users, sender
+):
+    """MySQL stops answering without closing (a host gone): the grab gives up on its reply,
+    answers 503 and frees its thread; once MySQL answers again the user has one grab, told
+    once. Without a bounded wait the grab would wait for TCP to give up."""
+    activity = send(sender, strategy)
+    first, user = make_users(2)
+    assert grab(activity, first).outcome is Outcome.GRABBED
+    mysql_proxy.stall()
+    pool = ThreadPoolExecutor(1)
+    try:
+        with pytest.raises(OutcomeUnknown):
+            pool.submit(grab, activity, user).result(timeout=120)
+    finally:
+        mysql_proxy.heal()
+        mysql_proxy.cut()  # a grab still waiting finds its connection closed
+        pool.shutdown()
+    mysql_proxy.restore()
     connection.close()
     again = grab(activity, user)
     held = row_of(activity, user)
