@@ -116,6 +116,9 @@ for _pair in env.list("REDPACK_SHARDS", default=[]):
 DATABASE_ROUTERS = ["redpack.shards.ShardRouter"] if REDPACK_SHARDS else []
 
 
+WEB_PROCESS = env.bool("REDPACK_WEB_PROCESS", default=False)  # redpack/wsgi.py's app
+
+
 def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
     if db["ENGINE"] == "django.db.backends.mysql":
         db.setdefault("OPTIONS", {}).update(
@@ -129,10 +132,14 @@ def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
         )
         # Seconds a statement's reply may take before the client gives up on its connection
         # (lost, the outcome unknown: a grab settles it or answers 503), so that a MySQL that
-        # stalls without closing does not hold a thread until TCP gives up; 0: no limit. The
-        # web process sets its own default (redpack/wsgi.py); migrations and Celery's tasks,
-        # whose statements may rightly run long, have none unless it is set.
-        if waits := env.int("DB_READ_TIMEOUT", default=0):
+        # stalls without closing does not hold a thread until TCP gives up; 0: no limit. 90 in
+        # the web process (REDPACK_WEB_PROCESS, set by redpack/wsgi.py): longer than InnoDB's
+        # lock wait (50 s), which a grab may rightly spend on a row. None elsewhere unless set:
+        # a migration's DDL or a Celery task may rightly run long.
+        waits = env.int("DB_READ_TIMEOUT", default=90 if WEB_PROCESS else 0)
+        if waits < 0:
+            raise ImproperlyConfigured(f"DB_READ_TIMEOUT must be 0 (none) or more, not {waits}")
+        if waits:
             db["OPTIONS"].update(read_timeout=waits, write_timeout=waits)
         db.setdefault("TEST", {}).update({"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"})
     # SQLite: the embedded fallback of `make run` (redpack/launch.py), never a benchmark. Every

@@ -34,6 +34,7 @@ another (`GrabTransaction.commit_with_grabs`): the row is held for one round tri
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -201,11 +202,14 @@ class GrabTransaction:
         if many:  # a batch of parameter sets: START TRANSACTION goes first, on its own
             cursor.execute("START TRANSACTION")
             return execute(sql, params, many, context)
+        sent = time.monotonic()
         try:
             result = execute(started_with(sql), params, many, context)
         except OperationalError as exc:
             if not self.reused or dberrors.code(exc) not in dberrors.CONNECTION_LOST:
                 raise
+            if self.waited_out(sent):
+                raise  # a MySQL that stopped answering: sent again, it would wait as long again
             self.reused = False
             self.reconnecting = True
             try:
@@ -218,6 +222,13 @@ class GrabTransaction:
             result = execute(started_with(sql), params, many, context)
         next_result(cursor)
         return result
+
+    def waited_out(self, sent: float) -> bool:
+        """Whether a statement sent at `sent` failed only once the connection's reply wait
+        (DB_READ_TIMEOUT) had run out (half of it, at least), where a connection MySQL closed
+        while idle fails at once."""
+        wait = self.wrapper.settings_dict["OPTIONS"].get("read_timeout")
+        return bool(wait) and time.monotonic() - sent >= wait / 2
 
     @property
     def begun(self) -> bool:

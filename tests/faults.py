@@ -71,6 +71,9 @@ class FaultProxy:
         self.fired = 0  # faults injected so far
         self.login_reply: bytes | None = None  # refuse_logins: the answer to a new login
         self.stalling = False  # stall(): requests read and thrown away
+        # What stall() threw away, read by read, each with whether it was a login (a
+        # connection's first packet) or a request on a connection logged in before.
+        self.swallowed: list[tuple[bool, bytes]] = []
         self.restore()
 
     @property
@@ -175,6 +178,8 @@ class FaultProxy:
                 with self.lock:
                     stalled = self.stalling
                     self.fired += stalled
+                    if stalled:
+                        self.swallowed.append((login, data))
                 if stalled:
                     continue
                 if login:

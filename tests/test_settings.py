@@ -93,7 +93,8 @@ READ_TIMEOUT_REPORT = (
 
 def test_the_web_process_waits_for_a_mysql_reply_only_so_long():
     """The web process's MySQL connections give up on a reply after DB_READ_TIMEOUT (90 s
-    unless set: redpack/wsgi.py), so a MySQL that stalls without closing frees its threads;
+    unless set, also in .env: redpack/wsgi.py marks the process), so a MySQL that stalls
+    without closing frees its threads;
     another process (a migration, Celery) waits for as long as a statement takes unless it is
     set."""
 
@@ -107,5 +108,6 @@ def test_the_web_process_waits_for_a_mysql_reply_only_so_long():
 
     assert read_timeout("import redpack.wsgi") == "90"
     assert read_timeout("import redpack.wsgi", DB_READ_TIMEOUT="5") == "5"
+    assert read_timeout("import redpack.wsgi", DB_READ_TIMEOUT="0") == "None"
     assert read_timeout("import django; django.setup()") == "None"
     assert read_timeout("import django; django.setup()", DB_READ_TIMEOUT="5") == "5"

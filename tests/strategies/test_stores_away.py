@@ -230,11 +230,18 @@ def test_a_grab_while_mysql_stalls_is_unknown_once_its_wait_ends(
     activity = send(sender, strategy)
     first, user = make_users(2)
     assert grab(activity, first).outcome is Outcome.GRABBED
+    pool = ThreadPoolExecutor(1)  # one thread, whose connection is open when MySQL stalls
+    pool.submit(lambda: connection.ensure_connection()).result()  # the pool thread's own
     mysql_proxy.stall()
-    pool = ThreadPoolExecutor(1)
     try:
         with pytest.raises(OutcomeUnknown):
             pool.submit(grab, activity, user).result(timeout=120)
+        # Its first statement waited out its reply and was not sent again on a new connection
+        # (GrabTransaction.waited_out), where it would have waited as long again: no login
+        # but the one of a Redis strategy's question about its write.
+        logins = [data for login, data in mysql_proxy.swallowed if login]
+        started = [data for _, data in mysql_proxy.swallowed if b"START TRANSACTION" in data]
+        assert (len(started), len(logins)) == (1, 0 if strategy == "pessimistic" else 1)
     finally:
         mysql_proxy.heal()
         mysql_proxy.cut()  # a grab still waiting finds its connection closed
