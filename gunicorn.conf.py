@@ -87,8 +87,8 @@ def say_if_mysql_is_short(server):  # type: ignore[no-untyped-def]
     being made would hold the pipe open), and read on a thread of its own, so that the start
     does not wait for it: the master never loads the app's settings, so the workers of a
     reload read them anew. Not after a reload, when the old workers still hold their
-    connections."""
-    wanted = server.cfg.workers * server.cfg.threads
+    connections. Each worker keeps one more, the health probe's (redpack/health.py)."""
+    wanted = server.cfg.workers * (server.cfg.threads + 1)
     command = [sys.executable, "-m", "redpack.checks", str(wanted)]
     try:
         child = subprocess.Popen(

@@ -14,7 +14,8 @@ gauges read from the stores at scrape time, cheaply (a handful of reads, none pe
   late the oldest one is.
 
 A read that fails leaves its gauges out (and counts a store error, `where="metrics"`); the
-scrape still answers.
+scrape still answers. While the database probe fails (it waits at most health.PROBE_TIMEOUT),
+MySQL's gauges are left out unread.
 
 Who may read it: loopback addresses, the networks of REDPACK_METRICS_NETWORKS, and anyone
 presenting `Authorization: Bearer <REDPACK_METRICS_TOKEN>` when that is set.
@@ -82,7 +83,8 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 def _state() -> Iterator[GaugeMetricFamily]:
     age = health.heartbeat_age()
     up = GaugeMetricFamily("redpack_up", "The /healthz probes: 1 ok, 0 not.", labels=["check"])
-    for check, result in health.checks(age).items():
+    results = health.checks(age)
+    for check, result in results.items():
         up.add_metric([check], 1.0 if result == "ok" else 0.0)
     yield up
     if age is not None:
@@ -107,6 +109,8 @@ def _state() -> Iterator[GaugeMetricFamily]:
                 "Acknowledged grabs not yet in MySQL.",
                 pending["pending"],
             )
+    if results["database"] != "ok":
+        return  # MySQL's gauges left out: their reads would wait on the request's connection
     try:
         failures = selectors.persist_failure_counts()
     except Exception as exc:  # noqa: BLE001

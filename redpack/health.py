@@ -6,7 +6,9 @@ that cost the same however many activities there are, taken at most once per CAC
 process. The details (each probe's result and error text, the persist lag and the strategies'
 sections, whose cost grows with the activities) are for staff: /healthz/details.
 
-- database and Redis are needed to answer grabs: either one down means 503.
+- database and Redis are needed to answer grabs: either one down means 503. The database is
+  asked on a connection of the probe's own that waits at most PROBE_TIMEOUT (`_Probe`); while
+  it fails, nothing else here reads MySQL, where a request's connection would wait.
 - broker and worker are needed for expiry, refunds and (async strategies) persistence: either
   one down means `degraded`, still 200, since grabs are answered.
 - the worker heartbeat is a beat task every REDPACK_HEARTBEAT_SECONDS that a worker runs: it
@@ -24,6 +26,7 @@ sections, whose cost grows with the activities) are for staff: /healthz/details.
 
 import threading
 import time
+from contextlib import suppress
 from typing import Any
 
 import redis
@@ -38,6 +41,7 @@ from . import ledger
 HEARTBEAT_KEY = "rp:heartbeat:worker"
 STALE_BEATS = 4  # heartbeats missed before the worker counts as stale
 PROBE_TIMEOUT = 2.0
+DATABASE_DOWN = "not read: the database probe failed"
 CACHE_SECONDS = 1.0  # how old the anonymous verdict may be
 clock = time.monotonic  # what the cache ages by (tests set it)
 _verdict_lock = threading.Lock()
@@ -54,12 +58,56 @@ def _error(exc: Exception) -> str:
     return f"error: {type(exc).__name__}: {exc}"
 
 
+class _Probe:
+    """The process's MySQL connections for the database probe, one per database, each waiting
+    at most PROBE_TIMEOUT for a login or a reply (a request's own connection may wait
+    DB_READ_TIMEOUT, 90 s in the web process). Kept open, so that a MySQL at max_connections
+    does not read as down while the connections already open still serve; one probe at a
+    time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connections: dict[str, Any] = {}
+
+    def select_one(self, alias: str) -> None:
+        wrapper = connections[alias]
+        if wrapper.vendor != "mysql":
+            with wrapper.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return
+        with self.lock:
+            probe = self.connections.pop(alias, None)
+            if probe is None:
+                params = wrapper.get_connection_params()
+                waits = int(PROBE_TIMEOUT)
+                params.update(connect_timeout=waits, read_timeout=waits, write_timeout=waits)
+                probe = wrapper.Database.connect(**params)  # type: ignore[attr-defined]
+            try:
+                probe.query("SELECT 1")
+                probe.store_result()
+            except BaseException:
+                with suppress(Exception):
+                    probe.close()  # lost, or mid-reply: the next probe connects anew
+                raise
+            self.connections[alias] = probe
+
+    def close(self) -> None:
+        with self.lock:
+            for probe in self.connections.values():
+                with suppress(Exception):
+                    probe.close()
+            self.connections.clear()
+
+
+_probe = _Probe()
+
+
 def check_database() -> str:
-    """Default, and every shard's database while sharded (redpack/shards.py)."""
+    """Default, and every shard's database while sharded (redpack/shards.py), each asked on
+    its own connection, within PROBE_TIMEOUT (`_Probe`)."""
     try:
         for alias in (DEFAULT_DB_ALIAS, *settings.REDPACK_SHARDS):
-            with connections[alias].cursor() as cursor:
-                cursor.execute("SELECT 1")
+            _probe.select_one(alias)
         return "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means "down", reported as text
         return _error(exc)
@@ -154,6 +202,11 @@ def forget_verdict() -> None:
         _verdict = None
 
 
+def close_probes() -> None:
+    """The database probe's connections closed: the next probe connects anew."""
+    _probe.close()
+
+
 def report() -> tuple[dict[str, Any], int]:
     """The whole health document (staff) and its HTTP status."""
     age = heartbeat_age()
@@ -165,10 +218,12 @@ def report() -> tuple[dict[str, Any], int]:
             lag, sections = registry.health()
         except Exception as exc:  # noqa: BLE001 - a strategy's probe failing is not the
             sections = {"persist": {"error": _error(exc)}}  # service failing: reported as text
-    try:
-        crediting: dict[str, Any] = ledger.crediting_lag()
-    except Exception as exc:  # noqa: BLE001 - the database being down is reported above
-        crediting = {"error": _error(exc)}
+    crediting: dict[str, Any] = {"error": DATABASE_DOWN}
+    if results["database"] == "ok":  # else the read would wait on the request's connection
+        try:
+            crediting = ledger.crediting_lag()
+        except Exception as exc:  # noqa: BLE001 - the database being down is reported above
+            crediting = {"error": _error(exc)}
     status, code = judge(results)
     body = {
         "status": status,

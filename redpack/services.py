@@ -13,9 +13,15 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import AuthorizationError as RedisAuthorizationError
+from redis.exceptions import ClusterDownError as RedisClusterDown
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MasterDownError as RedisMasterDown
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemory
+from redis.exceptions import ReadOnlyError as RedisReadOnly
 from redis.exceptions import RedisError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
+from redis.exceptions import TryAgainError as RedisTryAgain
 
 from strategies import registry
 from strategies.base import AnsweredMeanwhile, GrabResult, Outcome, RequestChecks, known_answer
@@ -285,11 +291,29 @@ def _strategy_of(activity_id: int) -> str:
         return selectors.activity_strategy(activity_id)
 
 
+# A Redis that answers but takes no command now: a replica after a failover (READONLY; with
+# replica-serve-stale-data off, MASTERDOWN), at maxmemory (OOM), busy with a long script (BUSY),
+# a cluster mid-change (TRYAGAIN, CLUSTERDOWN). Such a command, a script included, wrote
+# nothing: Redis refuses a script's first write, and none can come before it.
+REDIS_REFUSED = (
+    RedisReadOnly,
+    RedisMasterDown,
+    RedisOutOfMemory,
+    RedisTryAgain,
+    RedisClusterDown,
+)
+
+
 def store_unreachable(exc: BaseException) -> bool:
-    """MySQL or Redis could not be reached, or the connection to it was lost mid-request (not a
-    refused password: redis-py's authentication errors are ConnectionErrors too)."""
+    """MySQL or Redis could not be reached, or refused to take the request (REFUSED, for MySQL
+    dberrors.REFUSED), or the connection to it was lost mid-request (not a refused password:
+    redis-py's authentication errors are ConnectionErrors too)."""
     if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
         return False
+    if isinstance(exc, REDIS_REFUSED) or (
+        isinstance(exc, RedisResponseError) and str(exc).startswith("BUSY ")
+    ):
+        return True
     return dberrors.connection_failed(exc) or isinstance(exc, RedisConnectionError | RedisTimeout)
 
 

@@ -43,6 +43,7 @@ def clean_redis() -> Iterator[None]:
     get_redis_connection("default").flushdb()
     selectors.activity_facts.cache_clear()
     health.forget_verdict()
+    health.close_probes()
     bans.forget()
     finished.forget()
     ratelimit.forget()

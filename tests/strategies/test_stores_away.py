@@ -4,6 +4,7 @@ answer. A one-grab transaction whose COMMIT lost its reply is settled from its o
 through tests/faults.py in front of the real MariaDB and Redis."""
 
 import hashlib
+import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -11,14 +12,21 @@ from decimal import Decimal
 import MySQLdb
 import pytest
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
-from redis.exceptions import AuthenticationError, ResponseError
+from redis import Redis
+from redis.exceptions import (
+    AuthenticationError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.lock import Lock
 from rest_framework.test import APIClient
 from rest_framework_simplejwt.tokens import AccessToken
 
-from redpack import selectors, services
+from redpack import health, selectors, services
 from redpack.audit import audit_activity
 from redpack.errors import OutcomeUnknown
 from redpack.models import Activity, GrabDetail
@@ -26,6 +34,7 @@ from redpack.money import to_cents
 from strategies import registry, steps
 from strategies.base import GrabResult, Outcome
 from tests.faults import FaultProxy
+from tests.servers import free_port, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,6 +265,37 @@ def test_a_grab_while_mysql_stalls_is_unknown_once_its_wait_ends(
     grabs_once_it_is_back(activity, user)
 
 
+def test_health_and_metrics_answer_while_mysql_stalls(mysql_proxy):
+    """MySQL stops answering without closing: /healthz says `down` and /metrics says the
+    database is not up, each after the probe's own bounded wait (health.PROBE_TIMEOUT), where
+    the request's connection would wait DB_READ_TIMEOUT (90 s) or, unset, until TCP gives up;
+    /metrics leaves MySQL's gauges out unread. Once MySQL answers, both say so again."""
+    client = APIClient()
+    assert client.get("/healthz").status_code == 200  # the probe's connection is open
+    assert b"redpack_refunds_due" in client.get("/metrics").content
+    health.forget_verdict()
+    pool = ThreadPoolExecutor(1)  # a web thread, whose own connection is open when MySQL stalls
+    pool.submit(lambda: connection.ensure_connection()).result()
+    mysql_proxy.stall()
+    try:
+        healthz = pool.submit(client.get, "/healthz").result(timeout=120)
+        scrape = pool.submit(client.get, "/metrics").result(timeout=120)
+    finally:
+        mysql_proxy.heal()
+        mysql_proxy.cut()  # a request still waiting finds its connection closed
+        pool.shutdown()
+    mysql_proxy.restore()
+    assert (healthz.status_code, healthz.json()) == (503, {"status": "down"})
+    assert scrape.status_code == 200
+    assert b'redpack_up{check="database"} 0.0' in scrape.content
+    assert b"redpack_refunds_due" not in scrape.content
+    # Swallowed: the open probe connection's SELECT 1, then a new one's login; nothing else.
+    assert [data[-8:] for login, data in mysql_proxy.swallowed if not login] == [b"SELECT 1"]
+    health.forget_verdict()
+    assert client.get("/healthz").status_code == 200
+    assert b'redpack_up{check="database"} 1.0' in client.get("/metrics").content
+
+
 @pytest.mark.parametrize("away", AWAY)
 @pytest.mark.parametrize("strategy", ["redis_queue_async", "group_commit"])
 def test_a_grab_request_while_mysql_is_away_is_a_503_the_client_can_retry(
@@ -377,9 +417,79 @@ def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
         (RedisTimeoutError("Timeout reading from socket"), True),
         (AuthenticationError("invalid password"), False),
         (ResponseError("NOSCRIPT"), False),
+        (ReadOnlyError("You can't write against a read only replica."), True),
+        (MasterDownError("Link with MASTER is down"), True),
+        (OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), True),
+        (ResponseError("BUSY Redis is busy running a script."), True),
+        (ResponseError("ERR Error running script: user_script:1: boom"), False),
     ],
 )
 def test_what_counts_as_a_store_that_did_not_answer(error, unreachable):
-    """What a grab answers 503 `outcome_unknown` for: a connection that failed, not a refusal
-    the server made on purpose (a lock wait, a constraint, a wrong password, a script error)."""
+    """What a grab answers 503 `outcome_unknown` for: a connection that failed, or a server
+    that takes no command now (at its connection limit, a replica, full), not a refusal of
+    this request (a lock wait, a constraint, a wrong password, a script error)."""
     assert services.store_unreachable(error) is unreachable
+
+
+@pytest.fixture
+def own_redis(settings, tmp_path) -> Iterator[Redis]:  # type: ignore[no-untyped-def]
+    """A redis-server of the test's own as the app's Redis, for a failover to demote."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--appendonly", "no", "--dir", str(tmp_path), "--logfile", str(tmp_path / "log")]
+    )
+    client = Redis(port=port)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except RedisConnectionError:
+            return False
+
+    try:
+        wait_for(answers, f"redis-server on port {port}", timeout=30)
+    except Exception:
+        server.kill()
+        raise
+    caches = {name: {**conf} for name, conf in settings.CACHES.items()}
+    caches["default"]["LOCATION"] = f"redis://127.0.0.1:{port}/0"
+    settings.CACHES = caches  # the strategies' client and scripts follow (strategies/lua)
+    yield client
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def everything_in(client: Redis) -> dict[bytes, bytes | None]:
+    return {key: client.dump(key) for key in client.scan_iter()}
+
+
+@pytest.mark.parametrize("demoted", ["read_only", "master_down"])
+@pytest.mark.parametrize("strategy", ["redis_counter", "redis_queue"])
+def test_a_grab_on_a_redis_a_failover_demoted_is_a_503_that_took_nothing(
+    strategy, demoted, own_redis, make_users, sender
+):
+    """After a failover the app's Redis is a replica of a master it cannot reach: it refuses
+    writes (READONLY) or, not serving stale data, every command (MASTERDOWN). The grab answers
+    503 `outcome_unknown` with Retry-After, not a server error; its script wrote nothing (the
+    keys are as they were), and once Redis takes writes again the user has one grab."""
+    activity = send(sender, strategy)
+    first, user = make_users(2)
+    assert grab(activity, first).outcome is Outcome.GRABBED
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
+    before = everything_in(own_redis)
+    own_redis.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # nobody listens
+    if demoted == "master_down":
+        own_redis.config_set("replica-serve-stale-data", "no")
+    try:
+        refused = client.post(f"/api/activities/{activity.pk}/grab/")
+    finally:
+        own_redis.config_set("replica-serve-stale-data", "yes")
+        own_redis.execute_command("REPLICAOF", "NO", "ONE")
+    assert refused.status_code == 503, refused.content
+    assert refused.json()["error"]["code"] == "outcome_unknown"
+    assert refused["Retry-After"] == "1"
+    assert everything_in(own_redis) == before
+    assert row_of(activity, user) is None
+    grabs_once_it_is_back(activity, user)
