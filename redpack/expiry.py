@@ -5,8 +5,9 @@
 - A beat task every second claims due activities in batches (a Lua script leases each one by
   pushing its score forward) and hands each to a worker task; an activity leaves the ZSET only
   after its refund committed, so a worker that dies mid-refund is retried when the lease ends.
-- A slower sweep over MySQL (`status IN (open, closed) AND expires_at < now`) re-registers what
-  the ZSET lost (a Redis restart without persistence).
+- A slower sweep over MySQL (`status IN (open, closed) AND expires_at < now`, paged) puts back
+  what the ZSET lost (a Redis restart without persistence, a send whose registration failed),
+  leaving what it holds as it is (leased, postponed).
 - A refund that cannot settle yet (grabs still on their way to MySQL) is put back into the ZSET
   for later, with a backoff per activity (`postpone`): the ZSET is the one schedule of retries,
   so a stuck activity holds one entry, never a growing pile of retrying tasks.
@@ -22,10 +23,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.db.models import QuerySet
+from django.db.models import Q
 from django.utils import timezone
 
 from strategies import registry
@@ -54,14 +56,15 @@ class RefundOutcome:
     count: int
 
 
-def _epoch_ms(activity: Activity) -> int:
-    return int(activity.expires_at.timestamp() * 1000)
+def _epoch_ms(expires_at: datetime) -> int:
+    """An expiry as the ZSET scores it."""
+    return int(expires_at.timestamp() * 1000)
 
 
 def register(activities: list[Activity]) -> None:
     """Put activities into the expiry ZSET (idempotent: the score is the expiry)."""
     if activities:
-        redis_client().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a) for a in activities})
+        redis_client().zadd(EXPIRY_KEY, {str(a.pk): _epoch_ms(a.expires_at) for a in activities})
 
 
 def claim_due(*, batch: int, lease_seconds: float, now: float | None = None) -> list[int]:
@@ -104,11 +107,19 @@ def forget(activity_id: int) -> None:
     client.hdel(RETRIES_KEY, str(activity_id))
 
 
-def overdue_in_mysql(*, limit: int) -> QuerySet[Activity]:
-    """Activities past expiry that were never refunded (uses the (status, expires_at) index)."""
-    return Activity.objects.filter(
-        status__in=[ActivityStatus.OPEN, ActivityStatus.CLOSED], expires_at__lt=timezone.now()
-    ).order_by("expires_at")[:limit]
+def overdue_in_mysql(
+    *, limit: int, now: datetime, after: tuple[datetime, int] | None = None
+) -> list[tuple[datetime, int]]:
+    """(expires_at, id) of activities past expiry at `now` that were never refunded, in that
+    order, the first `limit` after `after` (uses the (status, expires_at) index)."""
+    overdue = Activity.objects.filter(
+        status__in=[ActivityStatus.OPEN, ActivityStatus.CLOSED], expires_at__lt=now
+    )
+    if after is not None:
+        overdue = overdue.filter(
+            Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1])
+        )
+    return list(overdue.order_by("expires_at", "pk").values_list("expires_at", "pk")[:limit])
 
 
 def refund(*, activity_id: int, force: bool = False) -> RefundOutcome:
@@ -187,12 +198,21 @@ def _refund_post(refund: Refund, sender_id: int) -> Callable[[], None]:
     return refund_post
 
 
-def sweep(*, limit: int = 1000) -> int:
-    """Re-register overdue activities the ZSET lost (on every shard); returns how many were
-    found."""
-    found = 0
+def sweep(*, page: int = 1000) -> int:
+    """Put back into the ZSET every overdue activity it lost (on every shard, read from MySQL
+    `page` at a time); those it holds keep their score, which a lease or a postponement may
+    have moved past the expiry. Returns how many were put back."""
+    client = redis_client()
+    now = timezone.now()
+    added = 0
     for _ in shards.each():
-        overdue = list(overdue_in_mysql(limit=limit))
-        register(overdue)
-        found += len(overdue)
-    return found
+        after = None
+        while overdue := overdue_in_mysql(limit=page, now=now, after=after):
+            scores = {str(pk): _epoch_ms(expires) for expires, pk in overdue}
+            added += int(client.zadd(EXPIRY_KEY, scores, nx=True))  # type: ignore[arg-type]
+            if len(overdue) < page:
+                break
+            after = overdue[-1]
+    if added:
+        logger.warning("%d overdue activities were not in the expiry schedule: put back", added)
+    return added

@@ -5,6 +5,7 @@ workers, a six-node Redis Cluster for the strategies with append-only files, Mar
 replica of the primary, distributed Locust, Prometheus scraping each replica, the dashboard.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -40,6 +41,14 @@ def test_nginx_balances_the_web_replicas_and_keeps_metrics_inside():
     assert re.search(r"upstream web \{[^}]*server web:8000", conf)
     assert re.search(r"location = /metrics \{\s*return 404;", conf)
     assert "proxy_pass http://web;" in conf
+    # nginx's own 502 and 504 answer JSON with Retry-After, as the app's 503 does.
+    for status, where in ((502, "@bad_gateway"), (504, "@gateway_timeout")):
+        assert f"error_page {status} {where};" in conf
+        block = re.search(rf"location {where} \{{(.*?)\n        \}}", conf, re.S)
+        assert block, where
+        assert "add_header Retry-After 1 always;" in block[1]
+        body = re.search(rf"return {status} '(.*)';", block[1])
+        assert body and json.loads(body[1])["error"]["code"] == "outcome_unknown"
     network = STACK["networks"]["redpack"]["ipam"]["config"][0]["subnet"]
     for service in APP.values():
         assert service["environment"]["REDPACK_METRICS_NETWORKS"] == network

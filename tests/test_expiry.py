@@ -165,6 +165,33 @@ def test_sweep_finds_what_redis_lost(sender):
     assert expiry.claim_due(batch=10, lease_seconds=60) == [activity.pk]
 
 
+def schedule() -> dict[bytes, float]:
+    return dict(redis_client().zrange(expiry.EXPIRY_KEY, 0, -1, withscores=True))
+
+
+def test_the_sweep_puts_back_every_lost_activity_and_moves_no_other(sender):
+    """Five overdue activities: two the ZSET lost (the newest among them), one whose refund was
+    postponed, one leased to a worker, one as registered. A sweep reading MySQL two at a time
+    puts back both lost ones at their expiry, and leaves the others' scores as they were: a
+    postponed refund keeps its backoff, a leased one is not handed to a second worker."""
+    activities = [send(sender, "pessimistic", count=3) for _ in range(5)]
+    past = timezone.now() - timedelta(minutes=10)
+    for n, activity in enumerate(activities):
+        Activity.objects.filter(pk=activity.pk).update(expires_at=past + timedelta(seconds=n))
+    overdue = list(Activity.objects.filter(pk__in=[a.pk for a in activities]).order_by("pk"))
+    expiry.register(overdue)
+    lost = [overdue[1], overdue[4]]
+    for activity in lost:
+        expiry.forget(activity.pk)
+    expiry.postpone(overdue[2].pk)
+    assert expiry.claim_due(batch=1, lease_seconds=600) == [overdue[0].pk]
+    before = schedule()
+    assert expiry.sweep(page=2) == 2
+    put_back = {str(a.pk).encode(): a.expires_at.timestamp() * 1000 // 1 for a in lost}
+    assert schedule() == {**before, **put_back}
+    assert expiry.sweep(page=2) == 0
+
+
 def test_refund_before_expiry_needs_force(sender, make_users):
     activity = send(sender, "pessimistic", count=5)
     with pytest.raises(ValueError, match="not expired"):
