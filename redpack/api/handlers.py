@@ -1,5 +1,7 @@
 """Django-level error views: JSON under /api/ (the DRF handler's shape), HTML elsewhere."""
 
+import sys
+
 from django.contrib.admin.exceptions import (
     DisallowedModelAdminLookup,
     DisallowedModelAdminToField,
@@ -15,6 +17,10 @@ from django.core.exceptions import (
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.http.multipartparser import MultiPartParserError
 from django.views import defaults
+from rest_framework.permissions import SAFE_METHODS
+
+from redpack import metrics, services
+from redpack.errors import Unavailable
 
 from .errors import error_body
 
@@ -83,6 +89,25 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    """500; but 503 with Retry-After when what failed is a store that could not be reached or
+    takes no command now (services.store_unreachable): a page outside the API's views (the
+    admin's, whose session and user come from MySQL), as the API's handler answers."""
+    failed = sys.exc_info()[1]  # Django calls this while it handles the view's exception
+    if failed is not None and services.store_unreachable(failed):
+        metrics.store_error(failed, "page")
+        unavailable = Unavailable(wrote=request.method not in SAFE_METHODS)
+        response: HttpResponse
+        if _wants_json(request):
+            body = error_body(unavailable.code, unavailable.message)
+            response = JsonResponse(body, status=unavailable.status)
+        else:
+            response = HttpResponse(
+                unavailable.message,
+                status=unavailable.status,
+                content_type="text/plain; charset=utf-8",
+            )
+        response["Retry-After"] = str(unavailable.retry_after)
+        return response
     if _wants_json(request):
         return JsonResponse(error_body("server_error", "internal error"), status=500)
     return defaults.server_error(request)

@@ -12,6 +12,7 @@ from decimal import Decimal
 import MySQLdb
 import pytest
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.test import Client
 from redis import Redis
 from redis.exceptions import (
     AuthenticationError,
@@ -263,6 +264,25 @@ def test_a_grab_while_mysql_stalls_is_unknown_once_its_wait_ends(
         pool.shutdown()
     mysql_proxy.restore()
     grabs_once_it_is_back(activity, user)
+
+
+@pytest.mark.parametrize("away", AWAY)
+def test_an_admin_page_while_mysql_is_away_is_a_503_to_retry(away, mysql_proxy, make_users):
+    """Outside the API's views too (the admin reads its session and user from MySQL): 503 with
+    Retry-After, not a server error; once MySQL is back, the page."""
+    (staff,) = make_users(1, prefix="staff")
+    staff.is_staff = staff.is_superuser = True
+    staff.save()
+    client = Client(raise_request_exception=False)  # the answer the browser would get
+    client.force_login(staff)
+    back = mysql_away(mysql_proxy, away)
+    refused = client.get("/admin/")
+    assert refused.status_code == 503
+    assert refused["Retry-After"] == "1"
+    assert b"MySQL or Redis did not answer" in refused.content
+    back()
+    connection.close()
+    assert client.get("/admin/").status_code == 200
 
 
 def test_health_and_metrics_answer_while_mysql_stalls(mysql_proxy):
