@@ -27,6 +27,25 @@ def yield_cpu_to_requests(**kwargs: Any) -> None:
         os.nice(settings.REDPACK_WORKER_NICE)
 
 
+@signals.worker_init.connect
+def bound_mysql_waits(**kwargs: Any) -> None:
+    """The worker's MySQL connections, made after this (its pool's processes fork after it),
+    give up on a reply after REDPACK_WORKER_DB_READ_TIMEOUT seconds, where a MySQL that stalled
+    without closing held a task until TCP gave up (hours). A DB_READ_TIMEOUT of the
+    environment is already in the connections' options and stays."""
+    from django.conf import settings
+    from django.db import connections
+
+    waits = settings.REDPACK_WORKER_DB_READ_TIMEOUT
+    if not waits:
+        return
+    for alias in connections:
+        if connections[alias].vendor == "mysql":
+            options = connections[alias].settings_dict["OPTIONS"]
+            options.setdefault("read_timeout", waits)
+            options.setdefault("write_timeout", waits)
+
+
 @signals.task_failure.connect
 def log_task_failure(sender: Any = None, task_id: str | None = None, **kwargs: Any) -> None:
     """One structured line per task that failed for good (after its retries)."""

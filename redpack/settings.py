@@ -134,8 +134,9 @@ def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
         # (lost, the outcome unknown: a grab settles it or answers 503), so that a MySQL that
         # stalls without closing does not hold a thread until TCP gives up; 0: no limit. 90 in
         # the web process (REDPACK_WEB_PROCESS, set by redpack/wsgi.py): longer than InnoDB's
-        # lock wait (50 s), which a grab may rightly spend on a row. None elsewhere unless set:
-        # a migration's DDL or a Celery task may rightly run long.
+        # lock wait (50 s), which a grab may rightly spend on a row. In a Celery worker,
+        # REDPACK_WORKER_DB_READ_TIMEOUT (below). None elsewhere unless set: a migration's DDL
+        # may rightly run long.
         waits = env.int("DB_READ_TIMEOUT", default=90 if WEB_PROCESS else 0)
         if waits < 0:
             raise ImproperlyConfigured(f"DB_READ_TIMEOUT must be 0 (none) or more, not {waits}")
@@ -156,6 +157,12 @@ def _configure_database(db: dict) -> None:  # type: ignore[type-arg]
         )
     db["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
     db["CONN_HEALTH_CHECKS"] = True
+
+
+# A Celery worker's DB_READ_TIMEOUT unless set (redpack/celery.py applies it as the worker
+# starts): a task stuck on a MySQL that stalled gives up after 5 minutes, and its next run takes
+# over; longer than any task's statement rightly takes, a lock wait (50 s) among them.
+REDPACK_WORKER_DB_READ_TIMEOUT = env.int("DB_READ_TIMEOUT", default=300)
 
 
 def configure_shard(db: dict, number: int, count: int) -> None:  # type: ignore[type-arg]

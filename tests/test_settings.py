@@ -95,8 +95,8 @@ def test_the_web_process_waits_for_a_mysql_reply_only_so_long():
     """The web process's MySQL connections give up on a reply after DB_READ_TIMEOUT (90 s
     unless set, also in .env: redpack/wsgi.py marks the process), so a MySQL that stalls
     without closing frees its threads;
-    another process (a migration, Celery) waits for as long as a statement takes unless it is
-    set."""
+    a Celery worker after 300 s unless set; another process (a migration) waits for as long as
+    a statement takes unless it is set."""
 
     def read_timeout(load: str, **extra: str) -> str:
         env = service_env()
@@ -114,3 +114,11 @@ def test_the_web_process_waits_for_a_mysql_reply_only_so_long():
     assert read_timeout("import redpack.wsgi", DB_READ_TIMEOUT="0") == "None"
     assert read_timeout("import django; django.setup()") == "None"
     assert read_timeout("import django; django.setup()", DB_READ_TIMEOUT="5") == "5"
+    # A Celery worker, as it starts (worker_init, before its pool forks): 300 s unless set.
+    worker = (
+        "import django; django.setup(); from celery import signals; import redpack.celery; "
+        "signals.worker_init.send(sender=None)"
+    )
+    assert read_timeout(worker) == "300"
+    assert read_timeout(worker, DB_READ_TIMEOUT="5") == "5"
+    assert read_timeout(worker, DB_READ_TIMEOUT="0") == "None"
