@@ -7,7 +7,8 @@
   after its refund committed, so a worker that dies mid-refund is retried when the lease ends.
 - A slower sweep over MySQL (`status IN (open, closed) AND expires_at < now`, paged) puts back
   what the ZSET lost (a Redis restart without persistence, a send whose registration failed),
-  leaving what it holds as it is (leased, postponed).
+  leaving what it holds as it is (leased, postponed) unless it lies further ahead than a lease
+  or a postponement can put it.
 - A refund that cannot settle yet (grabs still on their way to MySQL) is put back into the ZSET
   for later, with a backoff per activity (`postpone`): the ZSET is the one schedule of retries,
   so a stuck activity holds one entry, never a growing pile of retrying tasks.
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_KEY = "rp:expiry"
 RETRIES_KEY = "rp:expiry:retries"  # activity id -> refunds postponed so far
+SWEEP_MARGIN_SECONDS = 60.0  # a schedule entry further ahead than a lease or backoff plus this
 
 
 class NotSettled(Exception):
@@ -108,13 +110,12 @@ def forget(activity_id: int) -> None:
 
 
 def overdue_in_mysql(
-    *, limit: int, now: datetime, after: tuple[datetime, int] | None = None
+    *, status: str, limit: int, now: datetime, after: tuple[datetime, int] | None = None
 ) -> list[tuple[datetime, int]]:
-    """(expires_at, id) of activities past expiry at `now` that were never refunded, in that
-    order, the first `limit` after `after` (uses the (status, expires_at) index)."""
-    overdue = Activity.objects.filter(
-        status__in=[ActivityStatus.OPEN, ActivityStatus.CLOSED], expires_at__lt=now
-    )
+    """(expires_at, id) of the activities in `status` past expiry at `now`, in that order, the
+    first `limit` after `after`: the order of the (status, expires_at) index, whose entries end
+    in the id, so no sort."""
+    overdue = Activity.objects.filter(status=status, expires_at__lt=now)
     if after is not None:
         overdue = overdue.filter(
             Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1])
@@ -199,20 +200,45 @@ def _refund_post(refund: Refund, sender_id: int) -> Callable[[], None]:
 
 
 def sweep(*, page: int = 1000) -> int:
-    """Put back into the ZSET every overdue activity it lost (on every shard, read from MySQL
-    `page` at a time); those it holds keep their score, which a lease or a postponement may
-    have moved past the expiry. Returns how many were put back."""
-    client = redis_client()
+    """Put back into the ZSET every overdue activity not refunded that it lost (on every shard,
+    read from MySQL `page` at a time), at its expiry. One it holds keeps its score, which a
+    lease or a postponement moved past the expiry; unless the score lies further ahead than
+    either can put it (a host whose clock ran ahead), when it is moved back to the expiry.
+    Returns how many were put back or moved."""
     now = timezone.now()
-    added = 0
+    furthest = max(settings.REDPACK_EXPIRY_LEASE_SECONDS, settings.REDPACK_REFUND_RETRY_MAX_SECONDS)
+    horizon_ms = int((time.time() + furthest + SWEEP_MARGIN_SECONDS) * 1000)
+    fixed = 0
     for _ in shards.each():
-        after = None
-        while overdue := overdue_in_mysql(limit=page, now=now, after=after):
-            scores = {str(pk): _epoch_ms(expires) for expires, pk in overdue}
-            added += int(client.zadd(EXPIRY_KEY, scores, nx=True))  # type: ignore[arg-type]
-            if len(overdue) < page:
-                break
-            after = overdue[-1]
-    if added:
-        logger.warning("%d overdue activities were not in the expiry schedule: put back", added)
-    return added
+        for status in (ActivityStatus.OPEN, ActivityStatus.CLOSED):
+            after = None
+            while overdue := overdue_in_mysql(status=status, limit=page, now=now, after=after):
+                fixed += _reschedule(overdue, horizon_ms)
+                if len(overdue) < page:
+                    break
+                after = overdue[-1]
+    if fixed:
+        logger.warning("%d overdue activities were off the expiry schedule: put back", fixed)
+    return fixed
+
+
+def _reschedule(overdue: list[tuple[datetime, int]], horizon_ms: int) -> int:
+    """`sweep`'s work for one page: the ones the ZSET lacks added, the ones it holds beyond
+    `horizon_ms` moved back to their expiry; how many."""
+    client = redis_client()
+    due = {str(pk): _epoch_ms(expires) for expires, pk in overdue}
+    held: list[float | None] = client.zmscore(EXPIRY_KEY, list(due))  # type: ignore[assignment]
+    lost: dict[str, int] = {}
+    ahead: dict[str, int] = {}
+    for (member, expires_ms), score in zip(due.items(), held, strict=True):
+        if score is None:
+            lost[member] = expires_ms
+        elif score > horizon_ms:
+            ahead[member] = expires_ms
+    fixed = 0
+    if lost:
+        fixed += int(client.zadd(EXPIRY_KEY, lost, nx=True))  # type: ignore[arg-type]
+    if ahead:
+        fixed += len(ahead)
+        client.zadd(EXPIRY_KEY, ahead, xx=True, lt=True)  # never later than it is
+    return fixed

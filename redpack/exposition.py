@@ -109,6 +109,13 @@ def _state() -> Iterator[GaugeMetricFamily]:
                 "Acknowledged grabs not yet in MySQL.",
                 pending["pending"],
             )
+    try:  # the schedule, in Redis
+        due, late = expiry.refund_lag()
+    except Exception as exc:  # noqa: BLE001
+        metrics.store_error(exc, "metrics")
+    else:
+        yield _gauge("redpack_refunds_due", "Refunds due and not under way.", due)
+        yield _gauge("redpack_refund_lag_seconds", "Seconds the oldest due refund is late.", late)
     if results["database"] != "ok":
         return  # MySQL's gauges left out: their reads would wait on the request's connection
     try:
@@ -124,10 +131,3 @@ def _state() -> Iterator[GaugeMetricFamily]:
         for status in ("retrying", "dead", "resolved"):
             family.add_metric([status], float(failures.get(status, 0)))
         yield family
-    try:
-        due, late = expiry.refund_lag()
-    except Exception as exc:  # noqa: BLE001
-        metrics.store_error(exc, "metrics")
-    else:
-        yield _gauge("redpack_refunds_due", "Refunds due and not under way.", due)
-        yield _gauge("redpack_refund_lag_seconds", "Seconds the oldest due refund is late.", late)

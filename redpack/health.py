@@ -24,6 +24,7 @@ sections, whose cost grows with the activities) are for staff: /healthz/details.
   (redpack/ledger.py), how many and the oldest one's age in seconds.
 """
 
+import math
 import threading
 import time
 from contextlib import suppress
@@ -62,8 +63,10 @@ class _Probe:
     """The process's MySQL connections for the database probe, one per database, each waiting
     at most PROBE_TIMEOUT for a login or a reply (a request's own connection may wait
     DB_READ_TIMEOUT, 90 s in the web process). Kept open, so that a MySQL at max_connections
-    does not read as down while the connections already open still serve; one probe at a
-    time."""
+    does not read as down while the connections already open still serve; one that fails at
+    once (closed while idle: wait_timeout, a restart) is made again and asked once more. One
+    probe at a time: a caller that finds another probe running past PROBE_TIMEOUT (waiting on
+    a MySQL that stalled) does not queue behind it, and reads the database as down."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -75,21 +78,41 @@ class _Probe:
             with wrapper.cursor() as cursor:
                 cursor.execute("SELECT 1")
             return
-        with self.lock:
+        if not self.lock.acquire(timeout=PROBE_TIMEOUT):
+            raise TimeoutError(f"another probe has waited on MySQL for over {PROBE_TIMEOUT} s")
+        try:
             probe = self.connections.pop(alias, None)
+            if probe is not None:
+                asked = time.monotonic()
+                try:
+                    self._ask(probe)
+                except Exception:
+                    if time.monotonic() - asked >= PROBE_TIMEOUT / 2:
+                        raise  # it waited: MySQL itself is slow or stalled
+                    probe = None  # closed while idle: a new connection, asked once more
             if probe is None:
-                params = wrapper.get_connection_params()
-                waits = int(PROBE_TIMEOUT)
-                params.update(connect_timeout=waits, read_timeout=waits, write_timeout=waits)
-                probe = wrapper.Database.connect(**params)  # type: ignore[attr-defined]
-            try:
-                probe.query("SELECT 1")
-                probe.store_result()
-            except BaseException:
-                with suppress(Exception):
-                    probe.close()  # lost, or mid-reply: the next probe connects anew
-                raise
+                probe = self._connect(wrapper)
+                self._ask(probe)
             self.connections[alias] = probe
+        finally:
+            self.lock.release()
+
+    @staticmethod
+    def _connect(wrapper: Any) -> Any:
+        params = wrapper.get_connection_params()
+        waits = max(1, math.ceil(PROBE_TIMEOUT))  # whole seconds; 0 would be no limit
+        params.update(connect_timeout=waits, read_timeout=waits, write_timeout=waits)
+        return wrapper.Database.connect(**params)
+
+    @staticmethod
+    def _ask(probe: Any) -> None:
+        try:
+            probe.query("SELECT 1")
+            probe.store_result()
+        except BaseException:
+            with suppress(Exception):
+                probe.close()  # lost, or mid-reply: never used again
+            raise
 
     def close(self) -> None:
         with self.lock:

@@ -292,9 +292,10 @@ def _strategy_of(activity_id: int) -> str:
 
 
 # A Redis that answers but takes no command now: a replica after a failover (READONLY; with
-# replica-serve-stale-data off, MASTERDOWN), at maxmemory (OOM), busy with a long script (BUSY),
-# a cluster mid-change (TRYAGAIN, CLUSTERDOWN). Such a command, a script included, wrote
-# nothing: Redis refuses a script's first write, and none can come before it.
+# replica-serve-stale-data off, MASTERDOWN), at maxmemory (OOM), short of the replicas
+# min-replicas-to-write asks for (NOREPLICAS), unable to save (MISCONF), busy with a long script
+# (BUSY), a cluster mid-change (TRYAGAIN, CLUSTERDOWN). The command refused wrote nothing: Redis
+# 7 refuses a script (ours carry no flags) at its first write, or before it runs.
 REDIS_REFUSED = (
     RedisReadOnly,
     RedisMasterDown,
@@ -302,6 +303,7 @@ REDIS_REFUSED = (
     RedisTryAgain,
     RedisClusterDown,
 )
+REDIS_REFUSED_REPLIES = ("BUSY ", "NOREPLICAS ", "MISCONF ")  # redis-py names no class for them
 
 
 def store_unreachable(exc: BaseException) -> bool:
@@ -311,7 +313,7 @@ def store_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
         return False
     if isinstance(exc, REDIS_REFUSED) or (
-        isinstance(exc, RedisResponseError) and str(exc).startswith("BUSY ")
+        isinstance(exc, RedisResponseError) and str(exc).startswith(REDIS_REFUSED_REPLIES)
     ):
         return True
     return dberrors.connection_failed(exc) or isinstance(exc, RedisConnectionError | RedisTimeout)

@@ -170,25 +170,32 @@ def schedule() -> dict[bytes, float]:
 
 
 def test_the_sweep_puts_back_every_lost_activity_and_moves_no_other(sender):
-    """Five overdue activities: two the ZSET lost (the newest among them), one whose refund was
-    postponed, one leased to a worker, one as registered. A sweep reading MySQL two at a time
-    puts back both lost ones at their expiry, and leaves the others' scores as they were: a
-    postponed refund keeps its backoff, a leased one is not handed to a second worker."""
-    activities = [send(sender, "pessimistic", count=3) for _ in range(5)]
+    """Seven overdue activities, three sharing an expiry across a page's end: two the ZSET lost
+    (one of the three among them), one whose refund was postponed, one leased to a worker, one
+    scheduled an hour ahead (a clock that ran ahead), two as registered; and one refunded. A
+    sweep reading MySQL two at a time puts both lost ones back at their expiry and the one an
+    hour ahead too, and leaves the others' scores as they were: a postponed refund keeps its
+    backoff, a leased one is not handed to a second worker."""
+    activities = [send(sender, "pessimistic", count=3) for _ in range(8)]
     past = timezone.now() - timedelta(minutes=10)
-    for n, activity in enumerate(activities):
-        Activity.objects.filter(pk=activity.pk).update(expires_at=past + timedelta(seconds=n))
+    offsets = [0, 1, 1, 1, 2, 3, 4, 5]  # seconds after `past`: 1, 2 and 3 share theirs
+    for activity, offset in zip(activities, offsets, strict=True):
+        Activity.objects.filter(pk=activity.pk).update(expires_at=past + timedelta(seconds=offset))
     overdue = list(Activity.objects.filter(pk__in=[a.pk for a in activities]).order_by("pk"))
     expiry.register(overdue)
-    lost = [overdue[1], overdue[4]]
+    Activity.objects.filter(pk=overdue[7].pk).update(status=ActivityStatus.REFUNDED)
+    expiry.forget(overdue[7].pk)
+    lost = [overdue[2], overdue[5]]  # the 2nd of three equal expiries, on the 2nd page
     for activity in lost:
         expiry.forget(activity.pk)
-    expiry.postpone(overdue[2].pk)
+    expiry.postpone(overdue[3].pk)
     assert expiry.claim_due(batch=1, lease_seconds=600) == [overdue[0].pk]
+    ahead = overdue[4]
+    redis_client().zadd(expiry.EXPIRY_KEY, {str(ahead.pk): (time.time() + 3600) * 1000})
     before = schedule()
-    assert expiry.sweep(page=2) == 2
-    put_back = {str(a.pk).encode(): a.expires_at.timestamp() * 1000 // 1 for a in lost}
-    assert schedule() == {**before, **put_back}
+    assert expiry.sweep(page=2) == 3
+    at_expiry = {str(a.pk).encode(): a.expires_at.timestamp() * 1000 // 1 for a in [*lost, ahead]}
+    assert schedule() == {**before, **at_expiry}
     assert expiry.sweep(page=2) == 0
 
 

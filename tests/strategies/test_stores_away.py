@@ -16,10 +16,12 @@ from django.test import Client
 from redis import Redis
 from redis.exceptions import (
     AuthenticationError,
+    ClusterDownError,
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
+    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -292,7 +294,7 @@ def test_health_and_metrics_answer_while_mysql_stalls(mysql_proxy):
     /metrics leaves MySQL's gauges out unread. Once MySQL answers, both say so again."""
     client = APIClient()
     assert client.get("/healthz").status_code == 200  # the probe's connection is open
-    assert b"redpack_refunds_due" in client.get("/metrics").content
+    assert b"redpack_persist_failures" in client.get("/metrics").content
     health.forget_verdict()
     pool = ThreadPoolExecutor(1)  # a web thread, whose own connection is open when MySQL stalls
     pool.submit(lambda: connection.ensure_connection()).result()
@@ -308,7 +310,8 @@ def test_health_and_metrics_answer_while_mysql_stalls(mysql_proxy):
     assert (healthz.status_code, healthz.json()) == (503, {"status": "down"})
     assert scrape.status_code == 200
     assert b'redpack_up{check="database"} 0.0' in scrape.content
-    assert b"redpack_refunds_due" not in scrape.content
+    assert b"redpack_persist_failures" not in scrape.content  # MySQL's, not read
+    assert b"redpack_refunds_due" in scrape.content  # the schedule's, in Redis
     # Swallowed: the open probe connection's SELECT 1, then a new one's login; nothing else.
     assert [data[-8:] for login, data in mysql_proxy.swallowed if not login] == [b"SELECT 1"]
     health.forget_verdict()
@@ -441,7 +444,13 @@ def test_a_committed_lock_grab_is_answered_when_its_lock_release_is_lost(
         (MasterDownError("Link with MASTER is down"), True),
         (OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), True),
         (ResponseError("BUSY Redis is busy running a script."), True),
+        (ResponseError("NOREPLICAS Not enough good replicas to write."), True),
+        (ResponseError("MISCONF Redis is configured to save RDB snapshots"), True),
+        (TryAgainError("Multiple keys request during rehashing of slot"), True),
+        (ClusterDownError("The cluster is down"), True),
         (ResponseError("ERR Error running script: user_script:1: boom"), False),
+        (ResponseError("BUSYKEY Target key name already exists."), False),
+        (ResponseError("BUSYGROUP Consumer Group name already exists"), False),
     ],
 )
 def test_what_counts_as_a_store_that_did_not_answer(error, unreachable):
@@ -484,27 +493,41 @@ def everything_in(client: Redis) -> dict[bytes, bytes | None]:
     return {key: client.dump(key) for key in client.scan_iter()}
 
 
-@pytest.mark.parametrize("demoted", ["read_only", "master_down"])
-@pytest.mark.parametrize("strategy", ["redis_counter", "redis_queue"])
-def test_a_grab_on_a_redis_a_failover_demoted_is_a_503_that_took_nothing(
-    strategy, demoted, own_redis, make_users, sender
+REFUSING = [
+    ("redis_counter", "read_only"),
+    ("redis_counter", "master_down"),
+    ("redis_counter", "full"),
+    ("redis_queue", "read_only"),
+    ("redis_queue", "master_down"),
+]
+
+
+@pytest.mark.parametrize(("strategy", "refusing"), REFUSING)
+def test_a_grab_on_a_redis_that_takes_no_write_is_a_503_that_took_nothing(
+    strategy, refusing, own_redis, make_users, sender
 ):
     """After a failover the app's Redis is a replica of a master it cannot reach: it refuses
-    writes (READONLY) or, not serving stale data, every command (MASTERDOWN). The grab answers
-    503 `outcome_unknown` with Retry-After, not a server error; its script wrote nothing (the
-    keys are as they were), and once Redis takes writes again the user has one grab."""
+    writes (READONLY) or, not serving stale data, every command (MASTERDOWN). Or it is a master
+    over its maxmemory (OOM): it runs the grab script, which reads first, and refuses its first
+    write that could grow the data (`redis_counter`'s: the user's mark). The grab answers 503
+    `outcome_unknown` with Retry-After, not a server error; its script wrote nothing (the keys
+    are as they were), and once Redis takes writes again the user has one grab."""
     activity = send(sender, strategy)
     first, user = make_users(2)
     assert grab(activity, first).outcome is Outcome.GRABBED
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(user)}")
     before = everything_in(own_redis)
-    own_redis.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # nobody listens
-    if demoted == "master_down":
+    if refusing == "full":
+        own_redis.config_set("maxmemory", 1)  # bytes: every write that may grow it is refused
+    else:
+        own_redis.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # nobody listens
+    if refusing == "master_down":
         own_redis.config_set("replica-serve-stale-data", "no")
     try:
         refused = client.post(f"/api/activities/{activity.pk}/grab/")
     finally:
+        own_redis.config_set("maxmemory", 0)
         own_redis.config_set("replica-serve-stale-data", "yes")
         own_redis.execute_command("REPLICAOF", "NO", "ONE")
     assert refused.status_code == 503, refused.content
@@ -513,3 +536,22 @@ def test_a_grab_on_a_redis_a_failover_demoted_is_a_503_that_took_nothing(
     assert everything_in(own_redis) == before
     assert row_of(activity, user) is None
     grabs_once_it_is_back(activity, user)
+
+
+def test_a_script_whose_first_write_redis_takes_at_maxmemory_runs_whole(
+    own_redis, make_users, sender
+):
+    """`redis_queue`'s grab script first takes the popped packets off the list (LTRIM), a write
+    that frees memory, which Redis takes at its maxmemory; once a script has written, Redis
+    refuses none of its writes (no script stops halfway). So the grab is made whole, and
+    written to MySQL: one grab, in both stores."""
+    activity = send(sender, "redis_queue")
+    (user,) = make_users(1)
+    own_redis.config_set("maxmemory", 1)
+    try:
+        answer = grab(activity, user)
+    finally:
+        own_redis.config_set("maxmemory", 0)
+    assert answer == GrabResult(Outcome.GRABBED, row_of(activity, user))
+    assert grab(activity, user) == GrabResult(Outcome.ALREADY_GRABBED, row_of(activity, user))
+    assert_consistent(activity)
