@@ -6,6 +6,7 @@ import time
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 from django_redis import get_redis_connection
 from rest_framework.test import APIClient
@@ -190,3 +191,14 @@ def test_details_show_the_crediting_lag(healthz, sender, make_users):
     assert healthz()[1]["crediting"]["pending"] == 2
     ledger.grabs_credit(batch=10, run_seconds=60)
     assert healthz()[1]["crediting"] == {"pending": 0, "oldest_age_seconds": 0.0}
+
+
+def test_a_probe_connection_mysql_closed_while_idle_is_made_again():
+    """The probe keeps its connection; one MySQL closed meanwhile (wait_timeout, a restart:
+    here KILL) fails at once, and the probe connects again rather than read MySQL as down."""
+    assert health.check_database() == "ok"
+    probe = health._probe.connections["default"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"KILL {probe.thread_id()}")
+    assert health.check_database() == "ok"
+    assert health._probe.connections["default"] is not probe
