@@ -43,7 +43,9 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_KEY = "rp:expiry"
 RETRIES_KEY = "rp:expiry:retries"  # activity id -> refunds postponed so far
-SWEEP_MARGIN_SECONDS = 60.0  # a schedule entry further ahead than a lease or backoff plus this
+# A schedule entry further ahead than a lease or a backoff plus this is moved back by the sweep:
+# also how far the clocks of the hosts that run beat and the workers may disagree.
+SWEEP_MARGIN_SECONDS = 60.0
 
 
 class NotSettled(Exception):
@@ -206,14 +208,12 @@ def sweep(*, page: int = 1000) -> int:
     either can put it (a host whose clock ran ahead), when it is moved back to the expiry.
     Returns how many were put back or moved."""
     now = timezone.now()
-    furthest = max(settings.REDPACK_EXPIRY_LEASE_SECONDS, settings.REDPACK_REFUND_RETRY_MAX_SECONDS)
-    horizon_ms = int((time.time() + furthest + SWEEP_MARGIN_SECONDS) * 1000)
     fixed = 0
     for _ in shards.each():
         for status in (ActivityStatus.OPEN, ActivityStatus.CLOSED):
             after = None
             while overdue := overdue_in_mysql(status=status, limit=page, now=now, after=after):
-                fixed += _reschedule(overdue, horizon_ms)
+                fixed += _reschedule(overdue)
                 if len(overdue) < page:
                     break
                 after = overdue[-1]
@@ -222,9 +222,12 @@ def sweep(*, page: int = 1000) -> int:
     return fixed
 
 
-def _reschedule(overdue: list[tuple[datetime, int]], horizon_ms: int) -> int:
-    """`sweep`'s work for one page: the ones the ZSET lacks added, the ones it holds beyond
-    `horizon_ms` moved back to their expiry; how many."""
+def _reschedule(overdue: list[tuple[datetime, int]]) -> int:
+    """`sweep`'s work for one page: the ones the ZSET lacks added, the ones it holds further
+    ahead than a lease or a postponement made now could put them (plus SWEEP_MARGIN_SECONDS)
+    moved back to their expiry; how many."""
+    furthest = max(settings.REDPACK_EXPIRY_LEASE_SECONDS, settings.REDPACK_REFUND_RETRY_MAX_SECONDS)
+    horizon_ms = int((time.time() + furthest + SWEEP_MARGIN_SECONDS) * 1000)
     client = redis_client()
     due = {str(pk): _epoch_ms(expires) for expires, pk in overdue}
     held: list[float | None] = client.zmscore(EXPIRY_KEY, list(due))  # type: ignore[assignment]

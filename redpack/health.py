@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django_redis import get_redis_connection
 
 from strategies import registry
+from strategies.lua import takes_writes
 
 from . import ledger
 
@@ -137,8 +138,10 @@ def check_database() -> str:
 
 
 def check_redis() -> str:
+    """One write (strategies.lua.takes_writes): a Redis that answers a PING but takes no write
+    (a replica after a failover, full) cannot answer grabs either."""
     try:
-        get_redis_connection("default").ping()
+        takes_writes(get_redis_connection("default"))
         return "ok"
     except Exception as exc:  # noqa: BLE001
         return _error(exc)

@@ -41,22 +41,23 @@ def test_nginx_balances_the_web_replicas_and_keeps_metrics_inside():
     assert re.search(r"upstream web \{[^}]*server web:8000", conf)
     assert re.search(r"location = /metrics \{\s*return 404;", conf)
     assert "proxy_pass http://web;" in conf
-    # nginx's own 502 and 504 answer JSON with Retry-After, as the app's 503 does: a request
-    # that may have written hears outcome_unknown, a read unavailable.
+    # nginx's own 502 and 504 answer JSON with Retry-After, as the app's 503 does: a grab
+    # hears outcome_unknown, anything else unavailable (a send: look before repeating it).
     for status, where in ((502, "@bad_gateway"), (504, "@gateway_timeout")):
         assert f"error_page {status} {where};" in conf
         block = re.search(rf"location {where} \{{(.*?)\n        \}}", conf, re.S)
         assert block, where
         assert "add_header Retry-After 1 always;" in block[1]
         assert f"return {status} $gateway_failed;" in block[1]
-    bodies = dict(re.findall(r"^ +(\w+) '(\{.*\})';$", conf, re.M))
-    codes = {method: json.loads(body)["error"]["code"] for method, body in bodies.items()}
+    assert 'map "$request_method $uri" $gateway_failed {' in conf
+    bodies = dict(re.findall(r"^ +(\S+|\"[^\"]+\") '(\{.*\})';$", conf, re.M))
+    codes = {match: json.loads(body)["error"]["code"] for match, body in bodies.items()}
     assert codes == {
-        "default": "outcome_unknown",
-        "GET": "unavailable",
-        "HEAD": "unavailable",
-        "OPTIONS": "unavailable",
+        '"~^POST /api/activities/[0-9]+/grab/?$"': "outcome_unknown",
+        '"~^(GET|HEAD|OPTIONS) "': "unavailable",
+        "default": "unavailable",
     }
+    assert "look before repeating it" in bodies["default"]
     network = STACK["networks"]["redpack"]["ipam"]["config"][0]["subnet"]
     for service in APP.values():
         assert service["environment"]["REDPACK_METRICS_NETWORKS"] == network

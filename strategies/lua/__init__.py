@@ -46,6 +46,16 @@ def redis_client() -> Redis | RedisCluster:
     return get_redis_connection("default")
 
 
+WRITE_PROBE_KEY = "rp:probe:writable"
+
+
+def takes_writes(client: Any) -> None:
+    """One write that expires at once: raises when Redis does not answer, or answers but takes
+    no write now (a replica after a failover: READONLY or MASTERDOWN; full: OOM; MISCONF;
+    NOREPLICAS), where a PING is answered by them all."""
+    client.set(WRITE_PROBE_KEY, b"1", px=1000)
+
+
 def run_pinned(name: str, keys: list[str], args: list[Any]) -> Any:
     """Run script `name` on this thread's own connection to Redis (RedisCluster: through the
     client, as `script(name)(...)`). For scripts that settle a lost reply by running again (the

@@ -42,7 +42,7 @@ from redpack.models import Activity, ActivityStatus
 from .. import registry
 from ..base import CloseResult, GrabResult, GrabStrategy, Holders, Outcome, RequestChecks, TooMany
 from ..combiner import Combiner
-from ..lua import redis_client, script
+from ..lua import redis_client, script, takes_writes
 from ..request_checks import REFUSALS, checks_arg, refused
 from ..steps import close_row_locked, held_cents, held_marks
 from .audit import Snapshot, capped, differences
@@ -241,7 +241,7 @@ class RedisStateStrategy(GrabStrategy):
 
     def prepare(self, activity: Activity) -> None:
         """Write the Redis state once the send commits; prepare() runs inside that transaction."""
-        redis_client().ping()  # Redis away: fail the send now rather than every grab later
+        takes_writes(redis_client())  # Redis away or refusing: fail the send, not its grabs
         activity_id = activity.pk
 
         def install() -> None:

@@ -36,6 +36,7 @@ from redpack.models import Activity, GrabDetail
 from redpack.money import to_cents
 from strategies import registry, steps
 from strategies.base import GrabResult, Outcome
+from strategies.lua import WRITE_PROBE_KEY
 from tests.faults import FaultProxy
 from tests.servers import free_port, wait_for
 
@@ -490,28 +491,30 @@ def own_redis(settings, tmp_path) -> Iterator[Redis]:  # type: ignore[no-untyped
 
 
 def everything_in(client: Redis) -> dict[bytes, bytes | None]:
-    return {key: client.dump(key) for key in client.scan_iter()}
+    """Every key and its value (the send's writability probe aside: it expires at once)."""
+    keys = [key for key in client.scan_iter() if key != WRITE_PROBE_KEY.encode()]
+    return {key: client.dump(key) for key in keys}
 
 
 REFUSING = [
-    ("redis_counter", "read_only"),
-    ("redis_counter", "master_down"),
-    ("redis_counter", "full"),
-    ("redis_queue", "read_only"),
-    ("redis_queue", "master_down"),
+    (strategy, refusing)
+    for strategy in ("redis_counter", "redis_queue")
+    for refusing in ("read_only", "master_down", "full")
 ]
 
 
 @pytest.mark.parametrize(("strategy", "refusing"), REFUSING)
 def test_a_grab_on_a_redis_that_takes_no_write_is_a_503_that_took_nothing(
-    strategy, refusing, own_redis, make_users, sender
+    strategy, refusing, own_redis, make_users, sender, settings
 ):
     """After a failover the app's Redis is a replica of a master it cannot reach: it refuses
     writes (READONLY) or, not serving stale data, every command (MASTERDOWN). Or it is a master
     over its maxmemory (OOM): it runs the grab script, which reads first, and refuses its first
-    write that could grow the data (`redis_counter`'s: the user's mark). The grab answers 503
+    write, which could grow the data: the request's count for its throttle (checks.lua, with a
+    grab rate set, as by default). The grab answers 503
     `outcome_unknown` with Retry-After, not a server error; its script wrote nothing (the keys
     are as they were), and once Redis takes writes again the user has one grab."""
+    settings.REDPACK_THROTTLE_RATES = {**settings.REDPACK_THROTTLE_RATES, "grab": "120/min"}
     activity = send(sender, strategy)
     first, user = make_users(2)
     assert grab(activity, first).outcome is Outcome.GRABBED
@@ -538,13 +541,46 @@ def test_a_grab_on_a_redis_that_takes_no_write_is_a_503_that_took_nothing(
     grabs_once_it_is_back(activity, user)
 
 
+@pytest.mark.parametrize("refusing", ["read_only", "full"])
+def test_a_send_on_a_redis_that_takes_no_write_is_a_503_that_sent_nothing(
+    refusing, own_redis, sender
+):
+    """A replica after a failover, or a Redis at its maxmemory, answers a PING; a Redis
+    strategy's send asks it for a write before it commits, so it answers 503 `unavailable`:
+    no activity, no debit, where a PING let it commit an activity whose state could not be
+    written (every grab `contended` until a rebuild). /healthz says Redis is down meanwhile."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AccessToken.for_user(sender)}")
+    before = Activity.objects.filter(sender=sender).count()
+    if refusing == "full":
+        own_redis.config_set("maxmemory", 1)
+    else:
+        own_redis.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    try:
+        answer = client.post(
+            "/api/activities/",
+            {"total_amount": "1.00", "total_count": 1, "strategy": "redis_counter"},
+            format="json",
+        )
+        health.forget_verdict()
+        verdict = APIClient().get("/healthz")
+    finally:
+        own_redis.config_set("maxmemory", 0)
+        own_redis.execute_command("REPLICAOF", "NO", "ONE")
+    assert answer.status_code == 503, answer.content
+    assert answer.json()["error"]["code"] == "unavailable"
+    assert Activity.objects.filter(sender=sender).count() == before
+    assert (verdict.status_code, verdict.json()) == (503, {"status": "down"})
+
+
 def test_a_script_whose_first_write_redis_takes_at_maxmemory_runs_whole(
     own_redis, make_users, sender
 ):
-    """`redis_queue`'s grab script first takes the popped packets off the list (LTRIM), a write
-    that frees memory, which Redis takes at its maxmemory; once a script has written, Redis
-    refuses none of its writes (no script stops halfway). So the grab is made whole, and
-    written to MySQL: one grab, in both stores."""
+    """Without a throttle count to make first (no grab rate set, as here; a grab made in the
+    service, or a re-run), `redis_queue`'s grab script first takes the popped packets off the
+    list (LTRIM), a write that frees memory, which Redis takes at its maxmemory; once a script
+    has written, Redis refuses none of its writes (no script stops halfway). So the grab is
+    made whole, and written to MySQL: one grab, in both stores."""
     activity = send(sender, "redis_queue")
     (user,) = make_users(1)
     own_redis.config_set("maxmemory", 1)
