@@ -14,8 +14,8 @@ gauges read from the stores at scrape time, cheaply (a handful of reads, none pe
   late the oldest one is.
 
 A read that fails leaves its gauges out (and counts a store error, `where="metrics"`); the
-scrape still answers. While the database probe fails (it waits at most health.PROBE_TIMEOUT),
-MySQL's gauges are left out unread.
+scrape still answers. While the database probe fails (a bounded wait: health._Probe), MySQL's
+gauges are left out unread; the refund schedule's, read from Redis, stay.
 
 Who may read it: loopback addresses, the networks of REDPACK_METRICS_NETWORKS, and anyone
 presenting `Authorization: Bearer <REDPACK_METRICS_TOKEN>` when that is set.
