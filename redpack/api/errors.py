@@ -27,6 +27,13 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
+def answer_parts(exc: RedpackError) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """The body, status and headers (Retry-After, when it has one) `exc` is answered with."""
+    fields = {exc.field: [exc.message]} if exc.field else {}
+    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    return error_body(exc.code, exc.message, fields), exc.status, headers
+
+
 # A 401: no credentials, or credentials refused (simplejwt's InvalidToken among them).
 AUTHENTICATION_REFUSED = (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)
 
@@ -65,10 +72,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             wrote=wrote and getattr(context.get("view"), "store_may_have_written", True)
         )
     if isinstance(exc, RedpackError):
-        fields = {exc.field: [exc.message]} if exc.field else {}
-        headers = None if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
-        body = error_body(exc.code, exc.message, fields)
-        return Response(body, status=exc.status, headers=headers)
+        body, code, headers = answer_parts(exc)
+        return Response(body, status=code, headers=headers)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

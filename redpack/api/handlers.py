@@ -22,7 +22,7 @@ from rest_framework.permissions import SAFE_METHODS
 from redpack import metrics, services
 from redpack.errors import Unavailable
 
-from .errors import error_body
+from .errors import answer_parts, error_body
 
 
 def _wants_json(request: HttpRequest) -> bool:
@@ -96,18 +96,15 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if failed is not None and services.store_unreachable(failed):
         metrics.store_error(failed, "page")
         unavailable = Unavailable(wrote=request.method not in SAFE_METHODS)
-        response: HttpResponse
+        body, code, headers = answer_parts(unavailable)
         if _wants_json(request):
-            body = error_body(unavailable.code, unavailable.message)
-            response = JsonResponse(body, status=unavailable.status)
-        else:
-            response = HttpResponse(
-                unavailable.message,
-                status=unavailable.status,
-                content_type="text/plain; charset=utf-8",
-            )
-        response["Retry-After"] = str(unavailable.retry_after)
-        return response
+            return JsonResponse(body, status=code, headers=headers)
+        return HttpResponse(
+            unavailable.message,
+            status=code,
+            headers=headers,
+            content_type="text/plain; charset=utf-8",
+        )
     if _wants_json(request):
         return JsonResponse(error_body("server_error", "internal error"), status=500)
     return defaults.server_error(request)
